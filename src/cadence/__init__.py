@@ -1,0 +1,73 @@
+"""cadence: a PyTorch training and evaluation loop with the API of ``transformers.Trainer``.
+
+Public names are imported on first use, so ``import cadence`` costs almost nothing over ``import torch``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Trainer": "trainer",
+    "TrainingArguments": "training_args",
+    "OptimizerNames": "training_args",
+    "TrainerCallback": "trainer_callback",
+    "TrainerState": "trainer_callback",
+    "TrainerControl": "trainer_callback",
+    "CallbackHandler": "trainer_callback",
+    "DefaultFlowCallback": "trainer_callback",
+    "ProgressCallback": "trainer_callback",
+    "PrinterCallback": "trainer_callback",
+    "EarlyStoppingCallback": "trainer_callback",
+    "EvalPrediction": "trainer_utils",
+    "PredictionOutput": "trainer_utils",
+    "TrainOutput": "trainer_utils",
+    "EvalLoopOutput": "trainer_utils",
+    "IntervalStrategy": "trainer_utils",
+    "SaveStrategy": "trainer_utils",
+    "SchedulerType": "trainer_utils",
+    "set_seed": "trainer_utils",
+    "get_last_checkpoint": "trainer_utils",
+    "find_executable_batch_size": "trainer_utils",
+    "default_data_collator": "data",
+    "DataCollatorWithPadding": "data",
+    "get_scheduler": "optimization",
+    "get_linear_schedule_with_warmup": "optimization",
+    "get_cosine_schedule_with_warmup": "optimization",
+    "get_constant_schedule": "optimization",
+    "get_constant_schedule_with_warmup": "optimization",
+    "Adafactor": "optimization",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cadence' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
+
+
+if TYPE_CHECKING:  # for editors and type checkers only
+    from .data import DataCollatorWithPadding, default_data_collator
+    from .optimization import Adafactor, get_scheduler
+    from .trainer import Trainer
+    from .trainer_callback import (
+        DefaultFlowCallback,
+        EarlyStoppingCallback,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+    )
+    from .trainer_utils import EvalPrediction, PredictionOutput, TrainOutput, set_seed
+    from .training_args import TrainingArguments

@@ -1,0 +1,91 @@
+"""Loss normalisation over an accumulation window, and label smoothing.
+
+The loss of one optimizer step is the sum of the per-item losses of all its micro-batches, on all
+processes, divided once by the number of items (labels that enter the loss). A micro-batch
+contributes
+
+- ``sum_of_its_item_losses / window_items`` when the loss was computed with ``num_items_in_batch``
+  (a model that accepts it, a ``compute_loss_func``, label smoothing), or
+- ``its_mean_loss * its_items / window_items`` when the model returned a mean over its own items,
+
+and, with N processes, that times N, because data parallelism averages gradients over processes.
+So GA=k with batch b trains exactly like GA=1 with batch k·b, and N processes like one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .data import IGNORE_INDEX, count_items
+
+logger = logging.getLogger(__name__)
+
+
+def window_items(batches: list[Any], shifted: bool) -> torch.Tensor | None:
+    """Items (labels != -100; not position 0 for causal LMs) over the micro-batches of one step.
+
+    Returns None when batches carry no ``labels`` (then micro-batches are weighted equally).
+    """
+    counts = []
+    for batch in batches:
+        labels = batch.get("labels") if isinstance(batch, dict) else None
+        if labels is None:
+            return None
+        counts.append(count_items(batch["shift_labels"], False) if "shift_labels" in batch else count_items(labels, shifted))
+    return torch.stack(counts).sum()
+
+
+def micro_batch_weight(
+    inputs: Any, loss_is_normalised: bool, items: torch.Tensor | None, window_len: int, shifted: bool
+) -> torch.Tensor | float:
+    """The factor that turns one micro-batch's returned loss into its share of the step's loss.
+
+    Args:
+        inputs: the micro-batch (its labels are counted when the loss is a per-batch mean).
+        loss_is_normalised: the loss was already divided by ``items`` (the window's count).
+        items: the window's item count over all processes, or None when there are no labels.
+        window_len: micro-batches in this step (the last step of an epoch may have fewer).
+        shifted: the model's loss shifts labels (causal LM).
+    """
+    if items is None:
+        return 1.0 / window_len
+    if loss_is_normalised:
+        return 1.0
+    own = count_items(inputs["shift_labels"], False) if "shift_labels" in inputs else count_items(inputs["labels"], shifted)
+    return own / items.clamp(min=1)
+
+
+class LabelSmoother:
+    """Cross-entropy with label smoothing: ``(1 - eps) * nll + eps * mean over classes of -log p``.
+
+    Args:
+        epsilon: the smoothing factor (``label_smoothing_factor``).
+        ignore_index: label value that does not count.
+
+    Example:
+        >>> smoother = LabelSmoother(epsilon=0.1)
+        >>> loss = smoother({"logits": logits}, labels, shift_labels=True)
+    """
+
+    def __init__(self, epsilon: float = 0.1, ignore_index: int = IGNORE_INDEX):
+        self.epsilon, self.ignore_index = epsilon, ignore_index
+
+    def __call__(self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False, num_items_in_batch=None):
+        logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]
+        if shift_labels:
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        log_probs = F.log_softmax(logits.float(), dim=-1)
+        keep = labels.ne(self.ignore_index)
+        safe_labels = labels.clamp(min=0).unsqueeze(-1)
+        nll = -log_probs.gather(-1, safe_labels).squeeze(-1)
+        uniform = -log_probs.mean(dim=-1)
+        per_item = (1 - self.epsilon) * nll + self.epsilon * uniform
+        total = per_item.masked_fill(~keep, 0.0).sum()
+        denominator = keep.sum() if num_items_in_batch is None else num_items_in_batch
+        if torch.is_tensor(denominator):
+            denominator = denominator.to(total.device)
+        return total / denominator

@@ -1,0 +1,718 @@
+"""The ``Trainer``: ``transformers.Trainer``'s API over a small, exact loop.
+
+Read it in the order of the flow: ``__init__`` -> ``train`` -> ``_inner_training_loop`` (epoch ->
+optimizer step -> micro-batch) -> ``training_step`` -> ``compute_loss``; then ``evaluate`` /
+``predict`` -> ``evaluation_loop`` -> ``prediction_step``. Callbacks decide when to log, evaluate
+and save (``DefaultFlowCallback``); the Trainer acts on their requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from . import checkpoint, data, evaluation, loss as loss_utils, optimization
+from .backend import Backend
+from .trainer_callback import (
+    CallbackHandler,
+    DefaultFlowCallback,
+    PrinterCallback,
+    ProgressCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from .trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    EvalLoopOutput,
+    PredictionOutput,
+    TrainOutput,
+    enable_full_determinism,
+    has_length,
+    seed_worker,
+    set_seed,
+    speed_metrics,
+)
+from .training_args import TrainingArguments
+
+logger = logging.getLogger(__name__)
+
+
+class _RunningLoss:
+    """The loss summed on the device between logs; read (one host sync) only when logging."""
+
+    def __init__(self, device: torch.device, filter_nonfinite: bool):
+        self.sum = torch.zeros((), device=device)
+        self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
+        self.total = 0.0  # sum of the logged intervals, for train_loss
+        self.last_logged_step = 0
+
+    def add(self, step_loss: torch.Tensor) -> None:
+        if self.nonfinite is None:
+            self.sum += step_loss
+        else:  # never let one NaN hide the interval's loss, but count it and report it
+            bad = ~torch.isfinite(step_loss)
+            self.nonfinite += bad
+            self.sum += step_loss.masked_fill(bad, 0.0)
+
+
+class Trainer:
+    """Train, evaluate and predict with a PyTorch model; the API of ``transformers.Trainer``.
+
+    Args:
+        model: any ``nn.Module`` that returns its loss (first in a tuple, or ``"loss"`` in a dict /
+            ``ModelOutput``) when given ``labels``; or None with ``model_init``.
+        args: the ``TrainingArguments`` (default: ``TrainingArguments("trainer_output")``).
+        data_collator: turns a list of samples into a batch (default: stacking, or padding when a
+            ``processing_class`` with ``pad_token_id`` is given).
+        train_dataset, eval_dataset: a torch ``Dataset`` (of dicts, tuples or tensors), an
+            ``IterableDataset``, or a Hugging Face ``datasets.Dataset``; ``eval_dataset`` may be a dict.
+        processing_class: a tokenizer or processor, saved with the model.
+        model_init: builds a fresh model for each ``train()``.
+        compute_loss_func: ``f(outputs, labels, num_items_in_batch=...)`` returning the loss summed
+            over items and divided by ``num_items_in_batch``.
+        compute_metrics: ``f(EvalPrediction) -> dict`` for ``evaluate``/``predict``.
+        callbacks: ``TrainerCallback`` classes or instances added after the default ones.
+        optimizers: ``(optimizer, lr_scheduler)`` to use instead of creating them.
+        optimizer_cls_and_kwargs: ``(optimizer_class, kwargs)`` used to create the optimizer.
+        preprocess_logits_for_metrics: ``f(logits, labels)`` applied to each batch before it is kept.
+
+    Example:
+        >>> trainer = Trainer(model, TrainingArguments("out", max_steps=10), train_dataset=ds)
+        >>> trainer.train().training_loss
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        model_init: Callable[..., nn.Module] | None = None,
+        compute_loss_func: Callable | None = None,
+        compute_metrics: Callable | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        optimizer_cls_and_kwargs: tuple | None = None,
+        preprocess_logits_for_metrics: Callable | None = None,
+    ):
+        self.args = args = args if args is not None else TrainingArguments(output_dir="trainer_output")
+        enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
+        self._set_log_level()
+        if model is None:
+            if model_init is None:
+                raise ValueError("Trainer needs a model: pass model=... or model_init=... (a function returning one)")
+            model = model_init()
+        self.model_init = model_init
+        self.backend = Backend(args)
+        self.model = model.to(self.backend.device)
+        self.model_wrapped = self.model
+        self.processing_class = processing_class
+        self.data_collator = data_collator if data_collator is not None else self._default_collator(processing_class)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.compute_loss_func, self.compute_metrics = compute_loss_func, compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self._validate_setup()
+
+        # what the model's loss does with labels, read once
+        self.label_smoother = loss_utils.LabelSmoother(args.label_smoothing_factor) if args.label_smoothing_factor else None
+        self.model_accepts_loss_kwargs = self._accepts_loss_kwargs(model)
+        self._shifts_labels = data.loss_shifts_labels(model)
+        self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
+        self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+
+        default_callbacks = [DefaultFlowCallback, *(callbacks or [])]
+        default_callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
+        self.callback_handler = CallbackHandler(default_callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler)
+        self.state = TrainerState(
+            is_local_process_zero=args.local_process_index == 0, is_world_process_zero=args.process_index == 0
+        )
+        self.control = TrainerControl()
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+
+    # ------------------------------------------------------------------ set-up helpers
+
+    def _set_log_level(self) -> None:
+        level = self.args.get_process_log_level()
+        if level is not None:
+            logging.getLogger("cadence").setLevel(level)
+
+    def _validate_setup(self) -> None:
+        """Every check that can fail before the first step, with the fix in the message."""
+        args = self.args
+        data.check_dataset(self.train_dataset, "train_dataset")
+        eval_sets = self.eval_dataset.values() if isinstance(self.eval_dataset, dict) else [self.eval_dataset]
+        for ds in eval_sets:
+            data.check_dataset(ds, "eval_dataset")
+        if args.eval_strategy != "no" and self.eval_dataset is None:
+            raise ValueError(
+                f"eval_strategy={args.eval_strategy.value if hasattr(args.eval_strategy, 'value') else args.eval_strategy!r} "
+                "needs an eval_dataset: pass eval_dataset=... to Trainer, or set eval_strategy='no'"
+            )
+        if self.train_dataset is not None and data.is_iterable_dataset(self.train_dataset) and args.max_steps <= 0:
+            raise ValueError(
+                "train_dataset has no length (an IterableDataset), so the number of steps is unknown: set max_steps"
+            )
+        if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
+            optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
+
+    @staticmethod
+    def _accepts_loss_kwargs(model: nn.Module) -> bool:
+        """HF's rule: ``model.accepts_loss_kwargs`` if set, else whether ``forward`` takes ``**kwargs``
+        (or names ``num_items_in_batch``)."""
+        flag = getattr(model, "accepts_loss_kwargs", None)
+        if flag is not None:
+            return bool(flag)
+        params = inspect.signature(model.forward).parameters
+        return "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+    @staticmethod
+    def _default_label_names(model: nn.Module) -> list[str]:
+        params = inspect.signature(model.forward).parameters
+        names = [n for n in params if "label" in n]
+        return names or ["labels"]
+
+    @staticmethod
+    def _default_collator(processing_class: Any) -> Callable:
+        if getattr(processing_class, "pad_token_id", None) is not None:
+            return data.DataCollatorWithPadding(processing_class)
+        return data.default_data_collator
+
+    # ------------------------------------------------------------------ callbacks
+
+    def add_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> TrainerCallback | None:
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    # ------------------------------------------------------------------ data
+
+    def _collator_for(self, dataset: Any) -> Callable:
+        """The data collator, with columns the model does not accept removed first (logged once)."""
+        if not self.args.remove_unused_columns or data.is_iterable_dataset(dataset):
+            return self.data_collator
+        accepted = data.forward_arguments(self.backend.unwrap(self.model))
+        if accepted is not None and self.label_names:
+            accepted |= set(self.label_names)
+        dropped = data.unused_columns(dataset[0], accepted)
+        if not dropped:
+            return self.data_collator
+        if not set(dataset[0]) - set(dropped):
+            raise ValueError(
+                f"no column of the dataset is accepted by {type(self.model).__name__}.forward: the dataset has "
+                f"{sorted(dataset[0])}, the model accepts {sorted(accepted)}; rename the columns or set remove_unused_columns=False"
+            )
+        logger.info("columns not accepted by %s.forward, removed: %s", type(self.model).__name__, ", ".join(dropped))
+        return data.RemoveColumnsCollator(self.data_collator, accepted)
+
+    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool) -> DataLoader:
+        args = self.args
+        kwargs: dict[str, Any] = dict(
+            batch_size=batch_size,
+            collate_fn=self._collator_for(dataset),
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory and self.backend.device.type == "cuda",
+            drop_last=args.dataloader_drop_last,
+            worker_init_fn=seed_worker if args.dataloader_num_workers > 0 else None,
+            persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
+        )
+        if args.dataloader_num_workers > 0 and args.dataloader_prefetch_factor is not None:
+            kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+        if not data.is_iterable_dataset(dataset):
+            seed = args.data_seed if args.data_seed is not None else args.seed
+            kwargs["sampler"] = data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
+        return DataLoader(dataset, **kwargs)
+
+    def get_train_dataloader(self) -> DataLoader:
+        """The training dataloader: shuffled per epoch with ``(data_seed or seed) + epoch``, sharded by process."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train() needs a train_dataset: pass train_dataset=... to Trainer")
+        shuffle = self.args.train_sampling_strategy != "sequential"
+        return self._dataloader(self.train_dataset, self.args.train_batch_size, shuffle)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        if isinstance(eval_dataset, str):
+            eval_dataset = self.eval_dataset[eval_dataset]
+        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if eval_dataset is None:
+            raise ValueError("evaluation needs an eval_dataset: pass it to Trainer or to evaluate()")
+        data.check_dataset(eval_dataset, "eval_dataset")
+        return self._dataloader(eval_dataset, self.args.eval_batch_size, shuffle=False)
+
+    def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
+        data.check_dataset(test_dataset, "test_dataset")
+        return self._dataloader(test_dataset, self.args.eval_batch_size, shuffle=False)
+
+    # ------------------------------------------------------------------ optimizer and scheduler
+
+    def create_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            self.optimizer = optimization.create_optimizer(self.model, self.args, self.optimizer_cls_and_kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self.lr_scheduler is None:
+            self.lr_scheduler = optimization.get_scheduler(
+                self.args.lr_scheduler_type,
+                optimizer if optimizer is not None else self.optimizer,
+                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                num_training_steps=num_training_steps,
+                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
+            )
+        return self.lr_scheduler
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps, self.optimizer)
+
+    # ------------------------------------------------------------------ training
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
+        """Train the model; returns ``TrainOutput(global_step, training_loss, metrics)``.
+
+        Args:
+            resume_from_checkpoint: not built yet in this version (a clear error is raised).
+            ignore_keys_for_eval: output keys to leave out of predictions during evaluation.
+
+        Example:
+            >>> out = trainer.train()
+            >>> out.metrics["train_loss"]
+        """
+        if kwargs:
+            raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        if resume_from_checkpoint not in (None, False):
+            raise ValueError(
+                "resume_from_checkpoint is not built yet in cadence (checkpoints are written; resuming them is the "
+                "next feature): start the run without it"
+            )
+        if self.model_init is not None:
+            set_seed(self.args.seed)
+            self.model = self.model_wrapped = self.model_init().to(self.backend.device)
+            self.optimizer = self.lr_scheduler = None
+        return self._inner_training_loop(args=self.args, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+
+    def _step_counts(self, dataloader: DataLoader) -> tuple[int, int, int | None]:
+        """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""
+        args, ga = self.args, self.args.gradient_accumulation_steps
+        if not has_length(dataloader):
+            return args.max_steps, 2**62, None
+        batches = len(dataloader)
+        if batches == 0:
+            raise ValueError(
+                f"the training dataloader has no batch: {len(self.train_dataset)} samples with "
+                f"per_device_train_batch_size={args.per_device_train_batch_size} and dataloader_drop_last=True; "
+                "lower the batch size or set dataloader_drop_last=False"
+            )
+        steps_per_epoch = max(math.ceil(batches / ga), 1)
+        if args.max_steps > 0:
+            return args.max_steps, math.ceil(args.max_steps / steps_per_epoch), batches
+        return math.ceil(args.num_train_epochs * steps_per_epoch), math.ceil(args.num_train_epochs), batches
+
+    def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None) -> TrainOutput:
+        args = args or self.args
+        train_dataloader = self.get_train_dataloader()
+        max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader)
+        self.create_optimizer_and_scheduler(max_steps)
+        model = self.model_wrapped = self.backend.prepare_model(self.model)
+        ga, world = args.gradient_accumulation_steps, self.backend.world_size
+        # count items only where the count changes the result: accumulation or several processes
+        count_items = ga > 1 or world > 1
+
+        self.state = TrainerState(
+            is_local_process_zero=self.state.is_local_process_zero,
+            is_world_process_zero=self.state.is_world_process_zero,
+            max_steps=max_steps,
+            num_train_epochs=num_train_epochs,
+            train_batch_size=args.train_batch_size,
+            stateful_callbacks=self.state.stateful_callbacks,
+        )
+        self.state.compute_steps(args, max_steps)
+        for handler_attr in ("model", "optimizer", "lr_scheduler"):
+            setattr(self.callback_handler, handler_attr, getattr(self, handler_attr))
+        self.callback_handler.train_dataloader = train_dataloader
+        self._log_run_header(max_steps, batches_per_epoch)
+
+        running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter)
+        grad_norm: torch.Tensor | None = None
+        learning_rate = 0.0
+        start_time = time.time()
+        model.zero_grad(set_to_none=True)
+        model.train()
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if args.eval_on_start:
+            self._evaluate(ignore_keys_for_eval)
+
+        for epoch in range(num_train_epochs):  # ---- epoch
+            if isinstance(getattr(train_dataloader, "sampler", None), data.EpochSampler):
+                train_dataloader.sampler.set_epoch(epoch)
+            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+            batches = iter(train_dataloader)
+            micro_done = 0
+            while True:  # ---- optimizer step: the next `ga` micro-batches
+                window = [b for _, b in zip(range(ga), batches)]
+                if not window:
+                    break
+                micro_done += len(window)
+                self.current_gradient_accumulation_steps = len(window)
+                items = None
+                if count_items:
+                    items = loss_utils.window_items(window, self._shifts_labels)
+                    items = None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                for i, inputs in enumerate(window):  # ---- micro-batch: forward + backward
+                    last = i == len(window) - 1
+                    with contextlib.nullcontext() if last else self.backend.no_sync(model):
+                        running.add(self.training_step(model, inputs, items))
+                    if not last:
+                        self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
+                # ---- clip, step, schedule
+                if args.max_grad_norm:
+                    grad_norm = self.backend.clip_grad_norm(model.parameters(), args.max_grad_norm)
+                self.control = self.callback_handler.on_pre_optimizer_step(args, self.state, self.control)
+                self.optimizer.step()
+                self.control = self.callback_handler.on_optimizer_step(args, self.state, self.control)
+                learning_rate = self.optimizer.param_groups[0]["lr"]
+                if not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                    self.lr_scheduler.step()
+                model.zero_grad(set_to_none=True)
+                self.state.global_step += 1
+                self.state.epoch = epoch + micro_done / batches_per_epoch if batches_per_epoch else None
+                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                self._maybe_log_save_evaluate(running, grad_norm, learning_rate, model, ignore_keys_for_eval, start_time)
+                if self.control.should_epoch_stop or self.control.should_training_stop:
+                    break
+            if batches_per_epoch is None and micro_done == 0:
+                logger.warning("the training dataset yielded no batch: stopping at step %d", self.state.global_step)
+                self.control.should_training_stop = True
+            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            self._maybe_log_save_evaluate(running, grad_norm, learning_rate, model, ignore_keys_for_eval, start_time)
+            if self.control.should_training_stop:
+                break
+
+        return self._finish_training(running, start_time)
+
+    def _log_run_header(self, max_steps: int, batches_per_epoch: int | None) -> None:
+        args = self.args
+        total = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+        logger.info(
+            "training: %s examples, %d optimizer steps, batch %d per device x %d accumulation x %d processes = %d, %s trainable parameters",
+            len(self.train_dataset) if has_length(self.train_dataset) else "?",
+            max_steps, args.train_batch_size, args.gradient_accumulation_steps, args.world_size, total,
+            f"{sum(p.numel() for p in self.model.parameters() if p.requires_grad):,}",
+        )
+
+    def _finish_training(self, running: _RunningLoss, start_time: float) -> TrainOutput:
+        running.total += self.backend.reduce_mean(running.sum).item()
+        steps = self.state.global_step
+        train_loss = running.total / max(steps, 1)
+        num_samples = steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+        metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps)
+        metrics["total_flos"] = self.state.total_flos
+        metrics["train_loss"] = train_loss
+        self.log(metrics)
+        self.model.eval()
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+        return TrainOutput(self.state.global_step, train_loss, metrics)
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its detached share of the step's loss.
+
+        Args:
+            model: the (possibly wrapped) model.
+            inputs: the micro-batch.
+            num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
+        """
+        inputs = self._prepare_inputs(inputs)
+        loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        normalised = num_items_in_batch is not None and (
+            self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
+        )
+        weight = loss_utils.micro_batch_weight(
+            inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
+        )
+        if num_items_in_batch is not None:
+            weight = weight * self.backend.world_size  # data parallelism averages gradients over processes
+        if not isinstance(weight, float) or weight != 1.0:
+            loss = loss * weight
+        self.backend.backward(loss)
+        return loss.detach()
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
+        """The loss of one batch: ``compute_loss_func`` > label smoothing > the model's own loss.
+
+        Args:
+            model: the model to run.
+            inputs: the batch, as a dict of tensors.
+            return_outputs: also return the model outputs.
+            num_items_in_batch: the step's item count; given to ``compute_loss_func``, the label
+                smoother, and models that accept it.
+
+        Returns:
+            the loss, or ``(loss, outputs)`` with ``return_outputs``.
+        """
+        labels = None
+        if (self.compute_loss_func is not None or self.label_smoother is not None) and "labels" in inputs:
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None and isinstance(inputs, Mapping):
+            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+        outputs = model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
+        if labels is not None and self.compute_loss_func is not None:
+            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        elif labels is not None:
+            loss = self.label_smoother(outputs, labels, shift_labels=self._shifts_labels, num_items_in_batch=num_items_in_batch)
+        else:
+            loss = self._loss_from_outputs(outputs, inputs)
+        return (loss, outputs) if return_outputs else loss
+
+    def _loss_from_outputs(self, outputs: Any, inputs: Any) -> torch.Tensor:
+        if isinstance(outputs, Mapping) and outputs.get("loss") is not None:
+            return outputs["loss"]
+        if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
+            return outputs[0]
+        if torch.is_tensor(outputs) and outputs.dim() == 0:
+            return outputs
+        keys = list(outputs.keys()) if isinstance(outputs, Mapping) else type(outputs).__name__
+        given = list(inputs.keys()) if isinstance(inputs, Mapping) else type(inputs).__name__
+        raise ValueError(
+            f"the model did not return a loss (it returned {keys}; its inputs were {given}). Give the batches "
+            "'labels' the model uses to compute its loss, pass compute_loss_func=..., or override compute_loss"
+        )
+
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        """Move a batch (dict, tuple or tensor, nested) to the device."""
+        device = self.backend.device
+        if isinstance(inputs, Mapping):
+            return type(inputs)({k: self._prepare_inputs(v) for k, v in inputs.items()})
+        if isinstance(inputs, (tuple, list)):
+            return type(inputs)(self._prepare_inputs(v) for v in inputs)
+        if torch.is_tensor(inputs) and inputs.device != device:
+            return inputs.to(device, non_blocking=True)
+        return inputs
+
+    # ------------------------------------------------------------------ log / evaluate / save
+
+    def _maybe_log_save_evaluate(self, running: _RunningLoss, grad_norm, learning_rate: float, model, ignore_keys_for_eval, start_time) -> None:
+        if self.control.should_log and self.state.global_step > running.last_logged_step:
+            interval_loss = self.backend.reduce_mean(running.sum).item()  # the one host sync of a log
+            steps = self.state.global_step - running.last_logged_step
+            logs: dict[str, float] = {"loss": interval_loss / steps}
+            if running.nonfinite is not None:
+                bad = int(self.backend.reduce_sum(running.nonfinite).item())
+                if bad:
+                    logs["nonfinite_losses"] = bad
+                    logger.warning("%d non-finite loss(es) in steps %d-%d were left out of the logged loss",
+                                   bad, running.last_logged_step + 1, self.state.global_step)
+                running.nonfinite.zero_()
+            if grad_norm is not None:
+                logs["grad_norm"] = grad_norm.item()
+            logs["learning_rate"] = learning_rate
+            running.total += interval_loss
+            running.sum.zero_()
+            running.last_logged_step = self.state.global_step
+            self.log(logs, start_time)
+        if self.control.should_evaluate:
+            metrics = self._evaluate(ignore_keys_for_eval)
+            if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                name = self.args.metric_for_best_model or "loss"
+                self.lr_scheduler.step(metrics[name if name.startswith("eval_") else f"eval_{name}"])
+        if self.control.should_save:
+            self._save_checkpoint(model)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add ``epoch`` and ``step``, append to ``state.log_history``, and fire ``on_log``.
+
+        Args:
+            logs: the values to log.
+            start_time: when training started (unused; HF's signature).
+        """
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
+
+    def _evaluate(self, ignore_keys_for_eval=None) -> dict[str, float]:
+        metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        self.model_wrapped.train()
+        return metrics
+
+    def _save_checkpoint(self, model: nn.Module) -> Path:
+        """Write ``checkpoint-{global_step}`` atomically (main process), then rotate."""
+        folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save:
+            def write(tmp: Path) -> None:
+                checkpoint.save_model_weights(self.backend.unwrap(self.model), tmp, self.processing_class)
+                if not self.args.save_only_model:
+                    torch.save(self.optimizer.state_dict(), tmp / checkpoint.OPTIMIZER_NAME)
+                    torch.save(self.lr_scheduler.state_dict(), tmp / checkpoint.SCHEDULER_NAME)
+                    torch.save(_rng_state(), tmp / f"rng_state_{self.args.process_index}.pth"
+                               if self.args.world_size > 1 else tmp / "rng_state.pth")
+                torch.save(self.args.to_dict(), tmp / checkpoint.TRAINING_ARGS_NAME)
+                checkpoint.save_json(self.args.to_dict(), tmp / checkpoint.TRAINING_ARGS_JSON)
+                self.state.save_to_json(str(tmp / checkpoint.TRAINER_STATE_NAME))  # last: marks completeness
+
+            checkpoint.write_atomically(folder, write)
+        self.backend.barrier()  # every process agrees the save is complete before anything is deleted
+        if self.args.should_save:
+            checkpoint.rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint, folder)
+        return folder
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if self.args.should_save:
+            checkpoint.save_model_weights(self.backend.unwrap(self.model), output_dir, self.processing_class)
+            torch.save(self.args.to_dict(), Path(output_dir) / checkpoint.TRAINING_ARGS_NAME)
+        self.backend.barrier()
+
+    # ------------------------------------------------------------------ evaluation and prediction
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Run evaluation; returns metrics (``{prefix}_loss``, ``compute_metrics``' values, speed).
+
+        Args:
+            eval_dataset: overrides ``self.eval_dataset``; a dict evaluates each entry with prefix
+                ``{metric_key_prefix}_{name}``.
+            ignore_keys: output keys to leave out of the predictions.
+            metric_key_prefix: the prefix of every metric name.
+
+        Example:
+            >>> trainer.evaluate()["eval_loss"]
+        """
+        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(eval_dataset, dict):
+            metrics: dict[str, float] = {}
+            for name, ds in eval_dataset.items():
+                metrics.update(self.evaluate(ds, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        dataloader = self.get_eval_dataloader(eval_dataset)
+        start = time.time()
+        output = self.evaluation_loop(dataloader, "Evaluation", None, ignore_keys, metric_key_prefix)
+        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
+                                            num_steps=math.ceil(output.num_samples / self.args.eval_batch_size)))
+        self.log(output.metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+        return output.metrics
+
+    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Predictions, label ids and metrics on ``test_dataset``.
+
+        Example:
+            >>> out = trainer.predict(test_ds)
+            >>> out.predictions.shape
+        """
+        dataloader = self.get_test_dataloader(test_dataset)
+        start = time.time()
+        output = self.evaluation_loop(dataloader, "Prediction", False, ignore_keys, metric_key_prefix)
+        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
+                                            num_steps=math.ceil(output.num_samples / self.args.eval_batch_size)))
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
+        return PredictionOutput(output.predictions, output.label_ids, output.metrics)
+
+    def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """Run ``prediction_step`` over ``dataloader``; the loss is the mean over all items.
+
+        Each batch's mean loss is weighted by its item count, so the result does not depend on the
+        eval batch size. Predictions move to the CPU every ``eval_accumulation_steps`` batches.
+        """
+        args = self.args
+        if prediction_loss_only is None:
+            prediction_loss_only = args.prediction_loss_only or self.compute_metrics is None
+        model = self.model_wrapped if self.model_wrapped is not self.model else self.backend.prepare_model(self.model)
+        model.eval()
+        self.callback_handler.eval_dataloader = dataloader
+        num_samples = len(dataloader.dataset) if has_length(dataloader.dataset) else None
+        collected = evaluation.Collector(self.backend, args.eval_accumulation_steps, num_samples)
+        loss_sum = torch.zeros((), device=self.backend.device, dtype=torch.float64)
+        items = torch.zeros((), device=self.backend.device, dtype=torch.float64)
+        for inputs in dataloader:
+            inputs = self._prepare_inputs(inputs)
+            loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+            if loss is not None:
+                n = self._eval_items(inputs, loss)
+                loss_sum += loss.double() * n
+                items += n
+            if not prediction_loss_only:
+                if self.preprocess_logits_for_metrics is not None and logits is not None:
+                    logits = self.preprocess_logits_for_metrics(logits, labels)
+                collected.add(logits, labels)
+            self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
+        predictions, label_ids = collected.result()
+        metrics: dict[str, float] = {}
+        if self.compute_metrics is not None and predictions is not None and label_ids is not None:
+            metrics = evaluation.call_compute_metrics(self.compute_metrics, predictions, label_ids)
+        total_items = self.backend.reduce_sum(items)
+        if total_items.item() > 0:
+            metrics["loss"] = (self.backend.reduce_sum(loss_sum) / total_items).item()
+        metrics = evaluation.prefix_metrics(metrics, metric_key_prefix)
+        seen = collected.num_seen if num_samples is None else num_samples
+        return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=seen)
+
+    def _eval_items(self, inputs: Any, loss: torch.Tensor) -> torch.Tensor:
+        """Items behind one batch's mean loss: counted labels, else the batch size."""
+        labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
+        if labels is not None and labels.dim() > 1:
+            return data.count_items(labels, self._shifts_labels).double()
+        batch = next((v for v in (inputs.values() if isinstance(inputs, Mapping) else inputs) if torch.is_tensor(v)), None)
+        return torch.tensor(float(batch.shape[0] if batch is not None else 1), device=loss.device, dtype=torch.float64)
+
+    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
+        """One evaluation batch: ``(loss, logits, labels)``; logits and labels None when only the loss is wanted.
+
+        Args:
+            model: the model in eval mode.
+            inputs: the batch on the device.
+            prediction_loss_only: return only the loss.
+            ignore_keys: output keys to drop from the logits.
+        """
+        has_labels = isinstance(inputs, Mapping) and all(inputs.get(k) is not None for k in self.label_names)
+        if ignore_keys is None:
+            ignore_keys = list(getattr(getattr(self.model, "config", None), "keys_to_ignore_at_inference", []) or [])
+        labels = None
+        if has_labels:
+            labels = tuple(inputs[k].detach() for k in self.label_names)
+            labels = labels[0] if len(labels) == 1 else labels
+        with torch.no_grad():
+            if has_labels:
+                loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+                loss = loss.detach().mean()
+                skip = {"loss", *ignore_keys}
+            else:
+                outputs = model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
+                loss, skip = None, set(ignore_keys)
+        if prediction_loss_only:
+            return loss, None, None
+        logits = evaluation.outputs_to_logits(outputs, skip, has_labels)
+        return loss, logits, labels
+
+
+def _rng_state() -> dict[str, Any]:
+    """Every RNG the run draws from, as plain data (loadable with ``torch.load(weights_only=True)``)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.random.get_rng_state_all()
+    return state

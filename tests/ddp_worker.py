@@ -1,0 +1,30 @@
+"""Run by test_ddp.py under torchrun: train and write the final weights and logged losses."""
+
+import sys
+
+import torch
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+from tiny import TokenDataset, TokenTagger, TokenTaggerWithItems, pad_collate  # noqa: E402
+
+from cadence import Trainer, TrainingArguments  # noqa: E402
+
+
+def main(model_name: str, out_file: str, batch: int, ga: int) -> None:
+    torch.set_num_threads(1)
+    model_cls = {"plain": TokenTagger, "items": TokenTaggerWithItems}[model_name]
+    model = model_cls(dtype=torch.float64)
+    args = TrainingArguments(
+        output_dir=out_file + ".d", per_device_train_batch_size=batch, gradient_accumulation_steps=ga,
+        num_train_epochs=2, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant", logging_steps=1,
+        save_strategy="no", disable_tqdm=True, seed=7, use_cpu=True,
+    )
+    trainer = Trainer(model, args, train_dataset=TokenDataset(40), data_collator=pad_collate)
+    trainer.train()
+    if args.process_index == 0:
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        torch.save({"weights": model.state_dict(), "losses": losses}, out_file)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

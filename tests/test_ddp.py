@@ -1,0 +1,32 @@
+"""Two processes (CPU, gloo, launched with torchrun) train exactly like one with the same global batch."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(__file__)
+
+
+def launch(nproc, model, out, batch, ga):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_port=0",
+           os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga)]
+    if nproc == 1:
+        cmd = [sys.executable, os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["plain", "items"])
+def test_two_processes_equal_one(model, tmp_path):
+    one = launch(1, model, str(tmp_path / "one.pt"), batch=8, ga=2)
+    two = launch(2, model, str(tmp_path / "two.pt"), batch=4, ga=2)
+    assert len(one["losses"]) == len(two["losses"]) == 6
+    assert two["losses"] == pytest.approx(one["losses"], abs=1e-9)
+    for name, value in one["weights"].items():
+        assert torch.allclose(two["weights"][name], value, atol=1e-9, rtol=0), name

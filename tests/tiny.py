@@ -1,0 +1,131 @@
+"""Tiny models and datasets shared by the tests: they train in milliseconds on a CPU."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class RegressionDataset(Dataset):
+    """y = 2x + 3 + noise, as dicts {"input_x", "labels"}."""
+
+    def __init__(self, length: int = 64, seed: int = 42):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(length, generator=g)
+        self.y = 2.0 * self.x + 3.0 + 0.1 * torch.randn(length, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_x": self.x[i], "labels": self.y[i]}
+
+
+class RegressionModel(nn.Module):
+    """y = a*x + b with MSE loss."""
+
+    def __init__(self, a: float = 0.0, b: float = 0.0):
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor(a))
+        self.b = nn.Parameter(torch.tensor(b))
+
+    def forward(self, input_x, labels=None):
+        y = self.a * input_x + self.b
+        if labels is None:
+            return (y,)
+        return (nn.functional.mse_loss(y, labels), y)
+
+
+class TokenDataset(Dataset):
+    """Sequences of varied length (3..12) over a 16-token vocabulary, labels = next token with some masked."""
+
+    def __init__(self, length: int = 40, seed: int = 0, max_len: int = 12):
+        g = torch.Generator().manual_seed(seed)
+        self.rows = []
+        for _ in range(length):
+            n = int(torch.randint(3, max_len + 1, (1,), generator=g))
+            ids = torch.randint(0, 16, (n,), generator=g)
+            labels = (ids * 3 + 1) % 16
+            labels[torch.rand(n, generator=g) < 0.3] = -100
+            self.rows.append((ids, labels))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        ids, labels = self.rows[i]
+        return {"input_ids": ids, "labels": labels}
+
+
+def pad_collate(features):
+    """Pad input_ids with 0 and labels with -100 to the longest row."""
+    n = max(len(f["input_ids"]) for f in features)
+    ids = torch.zeros(len(features), n, dtype=torch.long)
+    labels = torch.full((len(features), n), -100, dtype=torch.long)
+    for i, f in enumerate(features):
+        ids[i, : len(f["input_ids"])] = f["input_ids"]
+        labels[i, : len(f["labels"])] = f["labels"]
+    return {"input_ids": ids, "labels": labels}
+
+
+class TokenTagger(nn.Module):
+    """Per-token classifier whose loss is the mean over its own labels (does not take num_items_in_batch)."""
+
+    def __init__(self, vocab: int = 16, dim: int = 8, dtype=torch.float32, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = nn.Embedding(vocab, dim, dtype=dtype)
+        self.out = nn.Linear(dim, vocab, dtype=dtype)
+
+    def logits(self, input_ids):
+        return self.out(torch.tanh(self.emb(input_ids)))
+
+    def forward(self, input_ids, labels=None):
+        logits = self.logits(input_ids)
+        if labels is None:
+            return {"logits": logits}
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return {"loss": loss, "logits": logits}
+
+
+class TokenTaggerWithItems(TokenTagger):
+    """The same model, but it sums its loss and divides by num_items_in_batch when given (HF's contract)."""
+
+    def forward(self, input_ids, labels=None, num_items_in_batch=None):
+        if num_items_in_batch is None:
+            return super().forward(input_ids, labels)
+        logits = self.logits(input_ids)
+        total = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+        return {"loss": total / num_items_in_batch, "logits": logits}
+
+
+def tiny_gpt2(seed: int = 0, vocab: int = 64):
+    """A 2-layer GPT-2 from transformers with random weights and no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+
+
+class LMDataset(Dataset):
+    """Causal-LM rows of varied length (5..16) over a 64-token vocabulary; ~35% of labels masked."""
+
+    def __init__(self, length: int = 48, seed: int = 1, vocab: int = 64):
+        g = torch.Generator().manual_seed(seed)
+        self.rows = []
+        for _ in range(length):
+            n = int(torch.randint(5, 17, (1,), generator=g))
+            ids = torch.randint(0, vocab, (n,), generator=g)
+            labels = ids.clone()
+            labels[torch.rand(n, generator=g) < 0.35] = -100
+            self.rows.append((ids, labels))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        ids, labels = self.rows[i]
+        return {"input_ids": ids, "labels": labels}
