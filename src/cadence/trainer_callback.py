@@ -1,0 +1,770 @@
+"""Callbacks: the training state, the control switches, and the objects that watch the loop.
+
+Callbacks observe and request (``control.should_*``); the Trainer acts. All interval rules live in
+:class:`DefaultFlowCallback`. The names, fields, event signatures and the ``trainer_state.json``
+layout are those of ``transformers.trainer_callback`` (5.x), so checkpoints move between the two
+libraries in both directions.
+
+Event order of one ``Trainer.train()`` run (the Trainer follows this list and tests it exactly)::
+
+    Trainer.__init__                                              on_init_end
+    train():
+      on_train_begin
+      if args.eval_on_start: one evaluation (below), before the first epoch
+      for each epoch:
+        on_epoch_begin
+        for each optimizer step (a window of gradient_accumulation_steps micro-batches;
+                                 the last window of an epoch may be shorter):
+          on_step_begin                   once per optimizer step, before its first micro-batch
+          for each micro-batch but the last:
+            forward + backward            on_substep_end
+          last micro-batch:
+            forward + backward, clip      on_pre_optimizer_step
+            optimizer.step()              on_optimizer_step
+            scheduler.step(), zero_grad, global_step += 1, epoch updated
+                                          on_step_end
+          as control asks, in this order: on_log (training logs), evaluation, on_save
+          leave the epoch if control.should_epoch_stop or control.should_training_stop
+        on_epoch_end
+        as control asks, in this order: on_log, evaluation, on_save
+        leave training if control.should_training_stop
+      on_log (final train metrics: train_loss, train_runtime, ...)
+      on_train_end
+
+    evaluation = evaluate():  on_prediction_step per batch, on_log (eval metrics), on_evaluate
+    predict():                on_prediction_step per batch, on_predict   (no on_log)
+    push_to_hub():            on_push_begin
+
+So with ``gradient_accumulation_steps=1`` there is no ``on_substep_end`` at all, and
+``eval_on_start`` evaluates directly from the Trainer (no callback requests it). Example, one
+epoch of 4 batches, ``gradient_accumulation_steps=2``, ``logging_steps=1``, no eval, no save::
+
+    on_init_end, on_train_begin, on_epoch_begin,
+    on_step_begin, on_substep_end, on_pre_optimizer_step, on_optimizer_step, on_step_end, on_log,
+    on_step_begin, on_substep_end, on_pre_optimizer_step, on_optimizer_step, on_step_end, on_log,
+    on_epoch_end, on_log, on_train_end
+
+The handler resets switches as it dispatches: ``on_train_begin`` clears ``should_training_stop``,
+``on_epoch_begin`` clears ``should_epoch_stop``, ``on_step_begin`` clears log/evaluate/save,
+and ``on_log``/``on_evaluate``/``on_save`` clear their own switch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Every event a callback can receive, in the order they are documented above.
+_EVENTS = (
+    "on_init_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_step_begin",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_substep_end",
+    "on_step_end",
+    "on_evaluate",
+    "on_predict",
+    "on_save",
+    "on_log",
+    "on_prediction_step",
+    "on_push_begin",
+)
+
+
+# --------------------------------------------------------------------------------------- state
+
+
+class ExportableState:
+    """An object whose state is saved in ``trainer_state.json`` and restored on resume.
+
+    Subclasses implement ``state()`` returning ``{"args": {...}, "attributes": {...}}``: ``args``
+    rebuild the object through its constructor, ``attributes`` are then set on it.
+
+    Example:
+        >>> class Counter(TrainerCallback, ExportableState):
+        ...     def __init__(self, start=0):
+        ...         self.start, self.seen = start, 0
+        ...     def state(self):
+        ...         return {"args": {"start": self.start}, "attributes": {"seen": self.seen}}
+        >>> Counter.from_state({"args": {"start": 2}, "attributes": {"seen": 5}}).seen
+        5
+    """
+
+    def state(self) -> dict:
+        """Returns: ``{"args": {...}, "attributes": {...}}``, JSON-serialisable."""
+        raise NotImplementedError(f"{type(self).__name__} must implement `state()` to be saved.")
+
+    @classmethod
+    def from_state(cls, state: dict):
+        """Rebuild an instance from what :meth:`state` returned.
+
+        Args:
+            state: ``{"args": ..., "attributes": ...}``.
+        Returns:
+            A new instance.
+        """
+        instance = cls(**state["args"])
+        for name, value in state["attributes"].items():
+            setattr(instance, name, value)
+        return instance
+
+
+@dataclass
+class TrainerState:
+    """What the Trainer knows about the run; saved as ``trainer_state.json`` in each checkpoint.
+
+    One "step" is one optimizer update (``gradient_accumulation_steps`` micro-batches).
+    The fields, defaults and JSON layout equal ``transformers.TrainerState``.
+    """
+
+    epoch: float = 0
+    global_step: int = 0
+    max_steps: int = 0
+    logging_steps: int = 500
+    eval_steps: int = 500
+    save_steps: int = 500
+    train_batch_size: int | None = None
+    num_train_epochs: int = 0
+    num_input_tokens_seen: int = 0
+    total_flos: float = 0
+    log_history: list[dict[str, float]] = None  # None -> [] (HF's default, kept for equal behaviour)
+    best_metric: float | None = None
+    best_global_step: int | None = None
+    best_model_checkpoint: str | None = None
+    is_local_process_zero: bool = True
+    is_world_process_zero: bool = True
+    is_hyper_param_search: bool = False
+    trial_name: str | None = None
+    trial_params: dict[str, str | float | int | bool] | None = None
+    stateful_callbacks: Any = None  # in: list of stateful callbacks or a loaded dict; stored: dict
+
+    def __post_init__(self):
+        if self.log_history is None:
+            self.log_history = []
+        if self.stateful_callbacks is None:
+            self.stateful_callbacks = {}
+        elif not isinstance(self.stateful_callbacks, dict):  # a dict comes from a loaded file
+            self.stateful_callbacks = _export_callback_states(self.stateful_callbacks)
+
+    def save_to_json(self, json_path: str) -> None:
+        """Write this state as HF does (indent 2, sorted keys, trailing newline).
+
+        Args:
+            json_path: file to write.
+        """
+        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        with open(json_path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    @classmethod
+    def load_from_json(cls, json_path: str) -> TrainerState:
+        """Read a ``trainer_state.json`` written by cadence or transformers.
+
+        Keys this version does not know (written by a newer library) are skipped, not fatal.
+
+        Args:
+            json_path: file to read.
+        Returns:
+            The state.
+        """
+        with open(json_path, encoding="utf-8") as f:
+            data = json.load(f)
+        unknown = sorted(set(data) - _STATE_FIELDS)
+        if unknown:
+            logger.debug("Ignoring unknown keys in %s: %s", json_path, unknown)
+        return cls(**{k: v for k, v in data.items() if k in _STATE_FIELDS})
+
+    def compute_steps(self, args, max_steps: int) -> None:
+        """Store absolute logging/eval/save intervals; a value below 1 is a fraction of max_steps.
+
+        Args:
+            args: has ``logging_steps``, ``eval_steps``, ``save_steps`` (None leaves the field).
+            max_steps: total optimizer steps of the run.
+
+        Example:
+            >>> s = TrainerState(); s.compute_steps(SimpleNamespace(logging_steps=0.1,
+            ...     eval_steps=None, save_steps=30), 95); (s.logging_steps, s.save_steps)
+            (10, 30)
+        """
+        for kind in ("logging", "eval", "save"):
+            steps = getattr(args, f"{kind}_steps")
+            if steps is None:
+                continue
+            if steps < 1:  # a ratio of the run, rounded up so it is never 0
+                steps = math.ceil(max_steps * steps)
+            setattr(self, f"{kind}_steps", steps)
+
+    def init_training_references(self, trainer, max_steps: int, num_train_epochs: int, trial) -> None:
+        """Record run-level facts at the start of training.
+
+        Args:
+            trainer: gives ``is_local_process_zero()``, ``is_world_process_zero()`` and,
+                optionally, ``hp_name`` and ``_trial`` for hyperparameter search.
+            max_steps: total optimizer steps.
+            num_train_epochs: number of epochs.
+            trial: the hyperparameter-search trial or None.
+        """
+        hp_name = getattr(trainer, "hp_name", None)
+        current_trial = getattr(trainer, "_trial", None)
+        if hp_name is not None and current_trial is not None:
+            self.trial_name = hp_name(current_trial)
+        self.trial_params = None if trial is None else _trial_params(trial)
+        self.max_steps = max_steps
+        self.num_train_epochs = num_train_epochs
+        self.is_local_process_zero = trainer.is_local_process_zero()
+        self.is_world_process_zero = trainer.is_world_process_zero()
+
+
+_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainerState))
+
+
+def _export_callback_states(callbacks) -> dict:
+    """``{class name: state}``; several callbacks of one class give a list of states (as HF)."""
+    states: dict[str, Any] = {}
+    for cb in callbacks:
+        if not callable(getattr(cb, "state", None)):
+            raise TypeError(f"Stateful callbacks must implement `state()` (ExportableState), got {type(cb)}")
+        name = type(cb).__name__
+        if name not in states:
+            states[name] = cb.state()
+        elif isinstance(states[name], list):
+            states[name].append(cb.state())
+        else:
+            states[name] = [states[name], cb.state()]
+    return states
+
+
+def _trial_params(trial) -> dict:
+    """Parameters of an optuna trial (``.params``) or of a ray/wandb trial (a dict)."""
+    if isinstance(trial, dict):
+        return trial
+    params = getattr(trial, "params", None)
+    if isinstance(params, dict):
+        return params
+    raise RuntimeError(f"Unknown type for trial {type(trial)}")
+
+
+@dataclass
+class TrainerControl(ExportableState):
+    """Switches callbacks set to ask the Trainer to act; the Trainer and handler reset them.
+
+    ``should_training_stop`` stays set; ``should_epoch_stop`` is reset at each epoch begin;
+    ``should_save``/``should_evaluate``/``should_log`` at each step begin.
+    """
+
+    should_training_stop: bool = False
+    should_epoch_stop: bool = False
+    should_save: bool = False
+    should_evaluate: bool = False
+    should_log: bool = False
+
+    def _new_training(self):
+        self.should_training_stop = False
+
+    def _new_epoch(self):
+        self.should_epoch_stop = False
+
+    def _new_step(self):
+        self.should_save = False
+        self.should_evaluate = False
+        self.should_log = False
+
+    def state(self) -> dict:
+        """Returns: the five switches as ``{"args": {...}, "attributes": {}}``."""
+        return {"args": dataclasses.asdict(self), "attributes": {}}
+
+
+# ----------------------------------------------------------------------------------- callbacks
+
+
+class TrainerCallback:
+    """Base class: override the events you need; each receives ``(args, state, control, **kwargs)``.
+
+    kwargs always hold ``model``, ``processing_class``, ``optimizer``, ``lr_scheduler``,
+    ``train_dataloader``, ``eval_dataloader``; ``on_log`` also gets ``logs``, ``on_evaluate`` and
+    ``on_predict`` get ``metrics``. Change ``control`` in place or return a new one; returning
+    None keeps it. The order of events is in this module's docstring.
+
+    Example:
+        >>> class PrintLoss(TrainerCallback):
+        ...     def on_log(self, args, state, control, logs=None, **kwargs):
+        ...         print(state.global_step, logs.get("loss"))
+    """
+
+    def on_init_end(self, args, state, control, **kwargs):
+        """End of ``Trainer.__init__``."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """Start of training, before the first epoch."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """End of training."""
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        """Start of an epoch."""
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        """End of an epoch."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        """Start of an optimizer step (before its first micro-batch)."""
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """After gradient clipping, before ``optimizer.step()``: gradients are final here."""
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        """After ``optimizer.step()``, before gradients are zeroed."""
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        """After each micro-batch of an optimizer step except its last."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """End of an optimizer step; ``state.global_step`` already counts it."""
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        """After an evaluation; kwargs hold ``metrics``."""
+
+    def on_predict(self, args, state, control, metrics, **kwargs):
+        """After ``Trainer.predict``."""
+
+    def on_save(self, args, state, control, **kwargs):
+        """After a checkpoint was saved."""
+
+    def on_log(self, args, state, control, **kwargs):
+        """After logging; kwargs hold ``logs``."""
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        """After each evaluation/prediction batch."""
+
+    def on_push_begin(self, args, state, control, **kwargs):
+        """Before pushing the model to the Hub."""
+
+
+# The base no-ops: the handler skips them so an event costs nothing for callbacks that ignore it.
+_NOOPS = {event: getattr(TrainerCallback, event) for event in _EVENTS}
+
+
+class CallbackError(RuntimeError):
+    """A callback raised; the message names the callback class and the event."""
+
+
+class CallbackHandler(TrainerCallback):
+    """Calls the callbacks in order for each event and returns the resulting ``TrainerControl``.
+
+    Every event passes ``model``, ``processing_class``, ``optimizer``, ``lr_scheduler``,
+    ``train_dataloader`` and ``eval_dataloader`` (the handler's attributes of those names, which
+    the Trainer may reassign) as keyword arguments.
+
+    Args:
+        callbacks: callback classes or instances.
+        model, processing_class, optimizer, lr_scheduler: the objects passed to every event.
+    """
+
+    def __init__(self, callbacks, model, processing_class, optimizer, lr_scheduler):
+        self._callbacks: list = []
+        self._hooks: dict[str, tuple] = {}
+        self._n_hooked = 0
+        for cb in callbacks:
+            self.add_callback(cb)
+        self.model = model
+        self.processing_class = processing_class
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.train_dataloader = None
+        self.eval_dataloader = None
+        if not any(isinstance(cb, DefaultFlowCallback) for cb in self._callbacks):
+            logger.warning(
+                "The Trainer will not log, evaluate, save or stop on schedule without a DefaultFlowCallback; "
+                "add one with trainer.add_callback(DefaultFlowCallback). Current callbacks:\n%s",
+                self.callback_list,
+            )
+
+    @property
+    def callbacks(self) -> list:
+        """The callbacks, in call order. Change it through add/pop/remove_callback."""
+        return self._callbacks
+
+    @callbacks.setter
+    def callbacks(self, value) -> None:
+        self._callbacks = list(value)
+        self._hooks.clear()
+
+    @property
+    def callback_list(self) -> str:
+        """Returns: the callback class names, one per line."""
+        return "\n".join(type(cb).__name__ for cb in self._callbacks)
+
+    def add_callback(self, callback) -> None:
+        """Append a callback.
+
+        Args:
+            callback: a class (instantiated without arguments) or an instance.
+        """
+        cb = callback() if isinstance(callback, type) else callback
+        if any(type(c) is type(cb) for c in self._callbacks):
+            logger.warning(
+                "Adding a %s to the callbacks, but there is already one. Current callbacks:\n%s",
+                type(cb), self.callback_list,
+            )
+        self._callbacks.append(cb)
+        self._hooks.clear()
+
+    def pop_callback(self, callback):
+        """Remove and return the first matching callback (None if there is none).
+
+        Args:
+            callback: a class (matches the first instance of it) or an instance.
+        Returns:
+            The removed callback or None.
+        """
+        for cb in self._callbacks:
+            if isinstance(cb, callback) if isinstance(callback, type) else cb == callback:
+                self._callbacks.remove(cb)
+                self._hooks.clear()
+                return cb
+        return None
+
+    def remove_callback(self, callback) -> None:
+        """Remove the first matching callback.
+
+        Args:
+            callback: a class (silently nothing if absent) or an instance (ValueError if absent).
+        """
+        if isinstance(callback, type):
+            self.pop_callback(callback)
+        else:
+            self._callbacks.remove(callback)
+            self._hooks.clear()
+
+    def _hooks_for(self, event: str) -> tuple:
+        """(callback, bound method) for the callbacks that override ``event``, built once."""
+        if self._n_hooked != len(self._callbacks):  # the list was changed in place
+            self._hooks.clear()
+            self._n_hooked = len(self._callbacks)
+        hooks = []
+        for cb in self._callbacks:
+            # Ask the instance, not its class: instance attributes and __getattribute__ tricks count.
+            method = getattr(cb, event, None)
+            if method is not None and getattr(method, "__func__", None) is not _NOOPS[event]:
+                hooks.append((cb, method))
+        self._hooks[event] = hooks = tuple(hooks)
+        return hooks
+
+    def call_event(self, event: str, args, state, control, **kwargs):
+        """Call ``event`` on every callback in order.
+
+        Args:
+            event: an event name, e.g. ``"on_step_end"``.
+            args, state, control: passed positionally.
+            **kwargs: extra event data (``logs``, ``metrics``), passed with the shared objects.
+        Returns:
+            ``control``, or the last non-None value a callback returned.
+        Raises:
+            CallbackError: a callback raised; chained from its exception.
+        """
+        return self._dispatch(event, args, state, control, kwargs)
+
+    def _dispatch(self, event: str, args, state, control, extra: dict):
+        # Hot path (several events per optimizer step): only callbacks that override the event are
+        # called, and the shared objects go as literal keywords, which CPython passes without
+        # building an intermediate dict (about 3x cheaper than `**shared`).
+        hooks = self._hooks.get(event)
+        if hooks is None or self._n_hooked != len(self._callbacks):
+            hooks = self._hooks_for(event)
+        if not hooks:
+            return control
+        model, processing_class, optimizer = self.model, self.processing_class, self.optimizer
+        lr_scheduler, train_dataloader, eval_dataloader = self.lr_scheduler, self.train_dataloader, self.eval_dataloader
+        cb = None
+        try:
+            for cb, method in hooks:
+                if extra:
+                    result = method(
+                        args, state, control, model=model, processing_class=processing_class, optimizer=optimizer,
+                        lr_scheduler=lr_scheduler, train_dataloader=train_dataloader,
+                        eval_dataloader=eval_dataloader, **extra,
+                    )
+                else:
+                    result = method(
+                        args, state, control, model=model, processing_class=processing_class, optimizer=optimizer,
+                        lr_scheduler=lr_scheduler, train_dataloader=train_dataloader,
+                        eval_dataloader=eval_dataloader,
+                    )
+                if result is not None:  # a callback may return a new control instead of mutating
+                    control = result
+        except CallbackError:
+            raise  # raised by a nested event: that message already names the culprit
+        except Exception as exc:
+            raise CallbackError(
+                f"callback {type(cb).__name__} raised in {event}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return control
+
+    # One thin method per event; some reset the switches the event consumes (see module docstring).
+    # They go to _dispatch directly: forwarding **kwargs through call_event costs a dict per event.
+
+    def on_init_end(self, args, state, control, **kwargs):
+        return self._dispatch("on_init_end", args, state, control, kwargs)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        control.should_training_stop = False
+        return self._dispatch("on_train_begin", args, state, control, kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        return self._dispatch("on_train_end", args, state, control, kwargs)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        control.should_epoch_stop = False
+        return self._dispatch("on_epoch_begin", args, state, control, kwargs)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        return self._dispatch("on_epoch_end", args, state, control, kwargs)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        control.should_log = False
+        control.should_evaluate = False
+        control.should_save = False
+        return self._dispatch("on_step_begin", args, state, control, kwargs)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        return self._dispatch("on_pre_optimizer_step", args, state, control, kwargs)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        return self._dispatch("on_optimizer_step", args, state, control, kwargs)
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        return self._dispatch("on_substep_end", args, state, control, kwargs)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        return self._dispatch("on_step_end", args, state, control, kwargs)
+
+    def on_evaluate(self, args, state, control, metrics, **kwargs):
+        control.should_evaluate = False
+        return self._dispatch("on_evaluate", args, state, control, {"metrics": metrics, **kwargs})
+
+    def on_predict(self, args, state, control, metrics, **kwargs):
+        return self._dispatch("on_predict", args, state, control, {"metrics": metrics, **kwargs})
+
+    def on_save(self, args, state, control, **kwargs):
+        control.should_save = False
+        return self._dispatch("on_save", args, state, control, kwargs)
+
+    def on_log(self, args, state, control, logs, **kwargs):
+        control.should_log = False
+        return self._dispatch("on_log", args, state, control, {"logs": logs, **kwargs})
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        return self._dispatch("on_prediction_step", args, state, control, kwargs)
+
+    def on_push_begin(self, args, state, control, **kwargs):
+        return self._dispatch("on_push_begin", args, state, control, kwargs)
+
+
+def _is(strategy, name: str) -> bool:
+    """``strategy == name`` for a plain string, a str-enum or a plain Enum."""
+    # str and str-enums answer with ==; only a plain Enum needs .value (getattr on a str is slow).
+    return strategy == name or (not isinstance(strategy, str) and getattr(strategy, "value", None) == name)
+
+
+class DefaultFlowCallback(TrainerCallback):
+    """All interval rules: when to log, evaluate, save and stop (HF's rules exactly).
+
+    ``eval_on_start`` is not handled here: the Trainer evaluates right after ``on_train_begin``.
+    """
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step == 1 and args.logging_first_step:
+            control.should_log = True
+        if _is(args.logging_strategy, "steps") and step % state.logging_steps == 0:
+            control.should_log = True
+        eval_by_steps = _is(args.eval_strategy, "steps") and args.eval_delay <= step
+        if eval_by_steps and step % state.eval_steps == 0:
+            control.should_evaluate = True
+        if _is(args.save_strategy, "steps") and state.save_steps > 0 and step % state.save_steps == 0:
+            control.should_save = True
+
+        if step >= state.max_steps:
+            control.should_training_stop = True
+            # A step-wise run always ends evaluated and saved, even off the interval.
+            if eval_by_steps:
+                control.should_evaluate = True
+            if _is(args.save_strategy, "steps"):
+                control.should_save = True
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if _is(args.logging_strategy, "epoch"):
+            control.should_log = True
+        if _is(args.eval_strategy, "epoch") and args.eval_delay <= state.epoch:  # delay in epochs here
+            control.should_evaluate = True
+        if _is(args.save_strategy, "epoch"):
+            control.should_save = True
+        return control
+
+
+def _has_length(obj) -> bool:
+    try:
+        return len(obj) is not None
+    except (TypeError, AttributeError):  # unsized, or a dataset whose __len__ raises AttributeError
+        return False
+
+
+def _short_logs(logs: dict, max_str_len: int | None = None) -> dict:
+    """Logs for display: floats to 4 significant digits, long strings replaced, no total_flos."""
+    shown = {}
+    for key, value in logs.items():
+        if key == "total_flos":
+            continue
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        elif max_str_len is not None and isinstance(value, str) and len(value) > max_str_len:
+            value = (
+                f"[String too long to display, length: {len(value)} > {max_str_len}. "
+                "Consider increasing `max_str_len` if needed.]"
+            )
+        shown[key] = value
+    return shown
+
+
+class ProgressCallback(TrainerCallback):
+    """A tqdm bar over training steps (and one over prediction batches), logs written under it.
+
+    Only the world main process draws. The Trainer adds this callback, or :class:`PrinterCallback`
+    when ``args.disable_tqdm``.
+
+    Args:
+        max_str_len: longer string values in logs are replaced by a short notice.
+    """
+
+    def __init__(self, max_str_len: int = 100):
+        self.training_bar = None
+        self.prediction_bar = None
+        self.max_str_len = max_str_len
+        self.current_step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            from tqdm.auto import tqdm  # lazily: keeps `import cadence` fast
+
+            self.training_bar = tqdm(total=state.max_steps, dynamic_ncols=True)
+        self.current_step = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None:
+            self.training_bar.update(state.global_step - self.current_step)
+            self.current_step = state.global_step
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if state.is_world_process_zero and _has_length(eval_dataloader):
+            if self.prediction_bar is None:
+                from tqdm.auto import tqdm
+
+                # Left on screen only outside training, where it is the only bar.
+                leave = self.training_bar is None
+                self.prediction_bar = tqdm(total=len(eval_dataloader), leave=leave, dynamic_ncols=True)
+            self.prediction_bar.update(1)
+
+    def _close_prediction_bar(self, state):
+        if state.is_world_process_zero and self.prediction_bar is not None:
+            self.prediction_bar.close()
+            self.prediction_bar = None
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._close_prediction_bar(state)
+
+    def on_predict(self, args, state, control, **kwargs):
+        self._close_prediction_bar(state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs is not None:
+            self.training_bar.write(str(_short_logs(logs, self.max_str_len)))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None:
+            self.training_bar.close()
+            self.training_bar = None
+
+
+class PrinterCallback(TrainerCallback):
+    """Prints the logs (floats to 4 significant digits) on the local main process."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_local_process_zero and logs is not None:
+            print(_short_logs(logs))
+
+
+class EarlyStoppingCallback(TrainerCallback, ExportableState):
+    """Stop training after ``early_stopping_patience`` evaluations without improvement.
+
+    An evaluation improves when ``args.metric_for_best_model`` beats ``state.best_metric`` (in the
+    direction of ``args.greater_is_better``) by more than ``early_stopping_threshold``. The
+    Trainer updates ``state.best_metric`` after ``on_evaluate``. The counter is saved in
+    checkpoints, so patience survives a resume.
+
+    Args:
+        early_stopping_patience: evaluations without improvement before stopping.
+        early_stopping_threshold: the least change that counts as an improvement.
+
+    Example:
+        >>> trainer = Trainer(..., callbacks=[EarlyStoppingCallback(early_stopping_patience=3)])
+    """
+
+    def __init__(self, early_stopping_patience: int = 1, early_stopping_threshold: float | None = 0.0):
+        self.early_stopping_patience = early_stopping_patience
+        self.early_stopping_threshold = early_stopping_threshold
+        self.early_stopping_patience_counter = 0  # evaluations in a row without improvement
+
+    def check_metric_value(self, args, state, control, metric_value) -> None:
+        """Reset the counter on an improvement over ``state.best_metric``, else count one more."""
+        better = operator.gt if args.greater_is_better else operator.lt
+        threshold = self.early_stopping_threshold or 0.0
+        best = state.best_metric
+        if best is None or (better(metric_value, best) and abs(metric_value - best) > threshold):
+            self.early_stopping_patience_counter = 0
+        else:
+            self.early_stopping_patience_counter += 1
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not args.load_best_model_at_end:
+            logger.warning(
+                "Using EarlyStoppingCallback without load_best_model_at_end=True: "
+                "the best model will not be loaded at the end of training."
+            )
+        if args.metric_for_best_model is None:
+            raise ValueError("EarlyStoppingCallback requires args.metric_for_best_model to be set.")
+        if _is(args.eval_strategy, "no"):
+            raise ValueError("EarlyStoppingCallback requires args.eval_strategy to be 'steps' or 'epoch', not 'no'.")
+
+    def on_evaluate(self, args, state, control, metrics, **kwargs):
+        name = args.metric_for_best_model
+        if not name.startswith("eval_"):
+            name = f"eval_{name}"
+        value = metrics.get(name)
+        if value is None:
+            logger.warning("Early stopping needs the metric %r, which this evaluation lacks: not counted.", name)
+            return
+        self.check_metric_value(args, state, control, value)
+        if self.early_stopping_patience_counter >= self.early_stopping_patience:
+            control.should_training_stop = True
+
+    def state(self) -> dict:
+        """Returns: constructor args and the patience counter."""
+        return {
+            "args": {
+                "early_stopping_patience": self.early_stopping_patience,
+                "early_stopping_threshold": self.early_stopping_threshold,
+            },
+            "attributes": {"early_stopping_patience_counter": self.early_stopping_patience_counter},
+        }
