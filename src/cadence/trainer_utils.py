@@ -1,0 +1,409 @@
+"""Small public types and helpers, at the import path `transformers.trainer_utils` users know.
+
+Strategies are `str` enums so `args.eval_strategy == "steps"` holds; the result tuples keep HF's
+field names and order; the helpers (`set_seed`, `get_last_checkpoint`, `speed_metrics`, ...) keep
+HF's signatures and results. Importing this module costs stdlib + torch + numpy (torch imports
+numpy anyway) and nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------------------------
+class _StrEnum(str, Enum):
+    """A `str` enum whose `str()` is its value and whose bad-value error lists the valid ones."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def _missing_(cls, value: object) -> None:
+        valid = ", ".join(repr(member.value) for member in cls)
+        raise ValueError(f"{value!r} is not a valid {cls.__name__}; valid values are {valid}")
+
+
+class IntervalStrategy(_StrEnum):
+    """When an interval event (logging, evaluation) happens."""
+
+    NO = "no"
+    STEPS = "steps"
+    EPOCH = "epoch"
+
+
+class SaveStrategy(_StrEnum):
+    """When a checkpoint is written; `best` saves whenever the tracked metric improves."""
+
+    NO = "no"
+    STEPS = "steps"
+    EPOCH = "epoch"
+    BEST = "best"
+
+
+class HubStrategy(_StrEnum):
+    """What gets pushed to the Hub, and when."""
+
+    END = "end"
+    EVERY_SAVE = "every_save"
+    CHECKPOINT = "checkpoint"
+    ALL_CHECKPOINTS = "all_checkpoints"
+
+
+class SchedulerType(_StrEnum):
+    """Names accepted by `TrainingArguments.lr_scheduler_type` (same values as transformers)."""
+
+    LINEAR = "linear"
+    COSINE = "cosine"
+    COSINE_WITH_RESTARTS = "cosine_with_restarts"
+    POLYNOMIAL = "polynomial"
+    CONSTANT = "constant"
+    CONSTANT_WITH_WARMUP = "constant_with_warmup"
+    INVERSE_SQRT = "inverse_sqrt"
+    REDUCE_ON_PLATEAU = "reduce_lr_on_plateau"
+    COSINE_WITH_MIN_LR = "cosine_with_min_lr"
+    COSINE_WARMUP_WITH_MIN_LR = "cosine_warmup_with_min_lr"
+    WARMUP_STABLE_DECAY = "warmup_stable_decay"
+    GREEDY = "greedy"
+
+
+# --------------------------------------------------------------------------------------------
+# Result types
+# --------------------------------------------------------------------------------------------
+class EvalPrediction:
+    """What `compute_metrics` receives: predictions and labels, plus inputs/losses when asked for.
+
+    It unpacks like a tuple: `predictions, labels = eval_pred`, or with four names when both
+    `inputs` and `losses` are present (only the present ones are yielded, in that order).
+
+    Args:
+        predictions: model outputs, usually a numpy array or a tuple of them.
+        label_ids: the targets.
+        inputs: the model inputs, when `include_for_metrics` contains "inputs".
+        losses: per-batch losses, when `include_for_metrics` contains "loss".
+
+    Example:
+        >>> predictions, labels = EvalPrediction(np.zeros(2), np.ones(2))
+    """
+
+    def __init__(self, predictions: Any, label_ids: Any, inputs: Any = None, losses: Any = None):
+        self.predictions = predictions
+        self.label_ids = label_ids
+        self.inputs = inputs
+        self.losses = losses
+        # Optional parts join only when present, so two-name unpacking keeps working.
+        self.elements = (predictions, label_ids) + tuple(x for x in (inputs, losses) if x is not None)
+
+    def __iter__(self):
+        return iter(self.elements)
+
+    def __getitem__(self, idx: int) -> Any:
+        # Negative indices are refused, as in HF: `eval_pred[-1]` is ambiguous when parts are optional.
+        if idx < 0 or idx >= len(self.elements):
+            raise IndexError("tuple index out of range")
+        return self.elements[idx]
+
+    def __len__(self) -> int:
+        return len(self.elements)
+
+    def __repr__(self) -> str:
+        parts = ["predictions", "label_ids"] + [n for n in ("inputs", "losses") if getattr(self, n) is not None]
+        return f"EvalPrediction({', '.join(f'{n}={getattr(self, n)!r}' for n in parts)})"
+
+
+class EvalLoopOutput(NamedTuple):
+    predictions: Any
+    label_ids: Any | None
+    metrics: dict[str, float] | None
+    num_samples: int | None
+
+
+class PredictionOutput(NamedTuple):
+    predictions: Any
+    label_ids: Any | None
+    metrics: dict[str, float] | None
+
+
+class TrainOutput(NamedTuple):
+    global_step: int
+    training_loss: float
+    metrics: dict[str, float]
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint folders
+# --------------------------------------------------------------------------------------------
+PREFIX_CHECKPOINT_DIR = "checkpoint"
+# Anchored at both ends: "tmp-checkpoint-7" (a checkpoint being written) must never match.
+_CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+# The checkpoint writer renames a temp folder into place only once it is complete, and this file is
+# in every complete checkpoint, so its presence is what "complete" means here.
+_COMPLETE_MARKER = "trainer_state.json"
+
+
+def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
+    """The newest complete `checkpoint-N` folder inside `folder` (highest N), or None.
+
+    Args:
+        folder: the training output directory (it must exist).
+
+    Returns:
+        `os.path.join(folder, "checkpoint-N")`, or None when no complete checkpoint exists.
+
+    Example:
+        >>> get_last_checkpoint("out")  # doctest: +SKIP
+        'out/checkpoint-1500'
+    """
+    steps = {}
+    for name in os.listdir(folder):
+        match = _CHECKPOINT_RE.match(name)
+        path = os.path.join(folder, name)
+        if match and os.path.isfile(os.path.join(path, _COMPLETE_MARKER)):
+            steps[int(match.group(1))] = path
+    return steps[max(steps)] if steps else None
+
+
+# --------------------------------------------------------------------------------------------
+# Seeding
+# --------------------------------------------------------------------------------------------
+def set_seed(seed: int, deterministic: bool = False) -> None:
+    """Seed python's `random`, numpy and torch (CPU and every CUDA device).
+
+    Args:
+        seed: the seed.
+        deterministic: also switch torch to deterministic algorithms (slower); see
+            `enable_full_determinism`.
+
+    Example:
+        >>> set_seed(42); a = torch.rand(2); set_seed(42); bool((a == torch.rand(2)).all())
+        True
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device, lazily, when CUDA is available
+    if deterministic:
+        _use_deterministic_algorithms(warn_only=False)
+
+
+def enable_full_determinism(seed: int, warn_only: bool = False) -> None:
+    """Seed everything and make torch pick deterministic kernels, for bitwise-reproducible runs.
+
+    Args:
+        seed: the seed passed to `set_seed`.
+        warn_only: warn instead of raising when an op has no deterministic implementation.
+    """
+    set_seed(seed)
+    _use_deterministic_algorithms(warn_only=warn_only)
+
+
+def _use_deterministic_algorithms(warn_only: bool) -> None:
+    # cuBLAS needs a fixed workspace to be deterministic, and launches must be synchronous for some
+    # CUDA versions; both are read when CUDA initialises, so they are set before any CUDA work.
+    os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
+    os.environ["FLASH_ATTENTION_DETERMINISTIC"] = "1"
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False  # benchmark mode may pick a different kernel per run
+
+
+def seed_worker(worker_id: int, num_workers: int = 0, rank: int = 0) -> None:
+    """DataLoader `worker_init_fn`: seed python, numpy and torch in a worker from its torch seed.
+
+    torch already gives each worker its own `initial_seed()` (base seed + worker id); python's and
+    numpy's generators would otherwise be copies of the parent's. `num_workers * rank` keeps the
+    workers of different processes apart (bind them with `functools.partial`, as HF does).
+
+    Args:
+        worker_id: the worker index (unused: torch's initial seed already includes it).
+        num_workers: workers per process.
+        rank: this process's index.
+    """
+    del worker_id
+    set_seed((torch.initial_seed() + num_workers * rank) % 2**32)  # numpy takes seeds < 2**32
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics and small helpers
+# --------------------------------------------------------------------------------------------
+def speed_metrics(
+    split: str,
+    start_time: float,
+    num_samples: int | None = None,
+    num_steps: int | None = None,
+    num_tokens: int | None = None,
+) -> dict[str, float]:
+    """Runtime and throughput since `start_time` (a `time.time()` value), with HF's keys and rounding.
+
+    Args:
+        split: key prefix, e.g. "train" or "eval".
+        start_time: `time.time()` taken when the measured work started.
+        num_samples, num_steps, num_tokens: counts processed; each one given adds a rate.
+
+    Returns:
+        `{split}_runtime` (4 decimals) and, when the runtime is not zero,
+        `{split}_samples_per_second` / `_steps_per_second` / `_tokens_per_second` (3 decimals).
+
+    Example:
+        >>> speed_metrics("eval", time.time() - 2.0, num_samples=10)  # doctest: +SKIP
+        {'eval_runtime': 2.0, 'eval_samples_per_second': 5.0}
+    """
+    runtime = time.time() - start_time
+    result = {f"{split}_runtime": round(runtime, 4)}
+    if runtime == 0:
+        return result
+    counts = {"samples": num_samples, "steps": num_steps, "tokens": num_tokens}
+    for unit, count in counts.items():
+        if count is not None:
+            result[f"{split}_{unit}_per_second"] = round(count / runtime, 3)
+    return result
+
+
+def has_length(dataset: Any) -> bool:
+    """Whether `len(dataset)` works (iterable datasets and some wrappers raise instead)."""
+    try:
+        return len(dataset) is not None
+    except (TypeError, AttributeError):  # AttributeError: some dataset libraries raise it from __len__
+        return False
+
+
+def denumpify_detensorize(metrics: Any) -> Any:
+    """Turn numpy scalars and one-element tensors into python numbers, recursively.
+
+    Args:
+        metrics: a number, array scalar, tensor, or a list/tuple/dict of them.
+
+    Returns:
+        The same structure with plain python numbers where a scalar was.
+    """
+    if isinstance(metrics, (list, tuple)):
+        return type(metrics)(denumpify_detensorize(m) for m in metrics)
+    if isinstance(metrics, dict):
+        return type(metrics)({k: denumpify_detensorize(v) for k, v in metrics.items()})
+    if isinstance(metrics, np.generic):
+        return metrics.item()
+    if isinstance(metrics, torch.Tensor) and metrics.numel() == 1:
+        return metrics.item()
+    return metrics
+
+
+def number_of_arguments(func: Callable) -> int:
+    """How many parameters `func` still takes (a `functools.partial`'s bound ones are subtracted)."""
+    if isinstance(func, functools.partial):
+        total = len(inspect.signature(func.func).parameters)
+        return total - len(func.args) - len(func.keywords)
+    return len(inspect.signature(func).parameters)
+
+
+# Messages of out-of-memory errors that surface as plain RuntimeError (CPU allocator, MPS, cuDNN).
+_OOM_MESSAGES = (
+    " out of memory",
+    "MPS backend out of memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+    "DefaultCPUAllocator: can't allocate memory",
+)
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error) for m in _OOM_MESSAGES)
+
+
+def _free_device_memory() -> None:
+    gc.collect()  # drop the failed attempt's tensors before retrying
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def find_executable_batch_size(
+    function: Callable | None = None, starting_batch_size: int = 128, auto_find_batch_size: bool = False
+) -> Callable:
+    """Decorator: call `function(batch_size, ...)`, halving the batch size after each out-of-memory.
+
+    HF's signature: with `auto_find_batch_size=False` (the default, as in transformers) the function
+    is called once as `function(..., batch_size=starting_batch_size)` and errors propagate; with True
+    the batch size is passed as the first positional argument (as accelerate does), and after a
+    `torch.OutOfMemoryError` (or an out-of-memory `RuntimeError`) the call is retried at half the
+    size, raising `RuntimeError` once the size would reach 0.
+
+    Args:
+        function: the function to wrap; omit it to use the decorator with arguments.
+        starting_batch_size: the first size tried.
+        auto_find_batch_size: retry on out-of-memory.
+
+    Returns:
+        The wrapped function, which takes the remaining arguments of `function`.
+
+    Example:
+        >>> @find_executable_batch_size(starting_batch_size=64, auto_find_batch_size=True)
+        ... def train(batch_size):
+        ...     return batch_size
+        >>> train()
+        64
+    """
+    if function is None:
+        return functools.partial(
+            find_executable_batch_size,
+            starting_batch_size=starting_batch_size,
+            auto_find_batch_size=auto_find_batch_size,
+        )
+    if not auto_find_batch_size:
+        return functools.partial(function, batch_size=starting_batch_size)
+
+    @functools.wraps(function)
+    def run_with_fitting_batch_size(*args, **kwargs):
+        batch_size = starting_batch_size
+        while batch_size > 0:
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
+                if not _is_out_of_memory(error):
+                    raise
+                logger.info("Out of memory at batch size %d; retrying with %d", batch_size, batch_size // 2)
+                _free_device_memory()
+                batch_size //= 2
+        raise RuntimeError(
+            f"No executable batch size found: every size from {starting_batch_size} down to 1 ran out of memory."
+        )
+
+    return run_with_fitting_batch_size
+
+
+__all__ = [
+    "PREFIX_CHECKPOINT_DIR",
+    "EvalLoopOutput",
+    "EvalPrediction",
+    "HubStrategy",
+    "IntervalStrategy",
+    "PredictionOutput",
+    "SaveStrategy",
+    "SchedulerType",
+    "TrainOutput",
+    "denumpify_detensorize",
+    "enable_full_determinism",
+    "find_executable_batch_size",
+    "get_last_checkpoint",
+    "has_length",
+    "number_of_arguments",
+    "seed_worker",
+    "set_seed",
+    "speed_metrics",
+]

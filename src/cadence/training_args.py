@@ -1,0 +1,1130 @@
+"""`TrainingArguments`: every option of `transformers.TrainingArguments` (5.x), same names and defaults.
+
+How to read this module:
+- the fields, grouped as in HF, each with its help text on the field;
+- the 4.x spellings users still write (`evaluation_strategy`, `warmup_ratio`, ...), accepted as
+  aliases: resolved into their 5.x names in `__post_init__`, never in `to_dict()`;
+- `__post_init__` runs short named steps in a fixed order: resolve input forms -> convert names to
+  enums -> derive HF's defaults -> validate values -> validate combinations -> refuse what cadence
+  does not do yet (`_NOT_YET_BUILT`, one line per feature: delete the line when the feature lands);
+- derived properties (`device`, `world_size`, `should_save`, ...) and serialisation (`to_dict`, ...).
+
+Every ValueError names the field, the bad value and the fix. Nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum
+from typing import Any, Literal
+
+import torch
+
+from .trainer_utils import HubStrategy, IntervalStrategy, SaveStrategy, SchedulerType, _StrEnum
+
+logger = logging.getLogger(__name__)
+
+
+class OptimizerNames(_StrEnum):
+    """Names accepted by `TrainingArguments.optim` (same values as transformers).
+
+    Membership is checked here; whether an optimizer's package is installed is checked when the
+    optimizer is built.
+    """
+
+    ADAMW_TORCH = "adamw_torch"
+    ADAMW_TORCH_FUSED = "adamw_torch_fused"
+    ADAMW_TORCH_XLA = "adamw_torch_xla"
+    ADAMW_TORCH_NPU_FUSED = "adamw_torch_npu_fused"
+    ADAFACTOR = "adafactor"
+    ADAMW_ANYPRECISION = "adamw_anyprecision"
+    ADAMW_TORCH_4BIT = "adamw_torch_4bit"
+    ADAMW_TORCH_8BIT = "adamw_torch_8bit"
+    ADEMAMIX = "ademamix"
+    SGD = "sgd"
+    ADAGRAD = "adagrad"
+    ADAMW_BNB = "adamw_bnb_8bit"
+    ADAMW_8BIT = "adamw_8bit"  # same optimizer as adamw_bnb_8bit
+    ADEMAMIX_8BIT = "ademamix_8bit"
+    LION_8BIT = "lion_8bit"
+    LION = "lion_32bit"
+    PAGED_ADAMW = "paged_adamw_32bit"
+    PAGED_ADAMW_8BIT = "paged_adamw_8bit"
+    PAGED_ADEMAMIX = "paged_ademamix_32bit"
+    PAGED_ADEMAMIX_8BIT = "paged_ademamix_8bit"
+    PAGED_LION = "paged_lion_32bit"
+    PAGED_LION_8BIT = "paged_lion_8bit"
+    RMSPROP = "rmsprop"
+    RMSPROP_BNB = "rmsprop_bnb"
+    RMSPROP_8BIT = "rmsprop_bnb_8bit"
+    RMSPROP_32BIT = "rmsprop_bnb_32bit"
+    GALORE_ADAMW = "galore_adamw"
+    GALORE_ADAMW_8BIT = "galore_adamw_8bit"
+    GALORE_ADAFACTOR = "galore_adafactor"
+    GALORE_ADAMW_LAYERWISE = "galore_adamw_layerwise"
+    GALORE_ADAMW_8BIT_LAYERWISE = "galore_adamw_8bit_layerwise"
+    GALORE_ADAFACTOR_LAYERWISE = "galore_adafactor_layerwise"
+    LOMO = "lomo"
+    ADALOMO = "adalomo"
+    GROKADAMW = "grokadamw"
+    SCHEDULE_FREE_RADAM = "schedule_free_radam"
+    SCHEDULE_FREE_ADAMW = "schedule_free_adamw"
+    SCHEDULE_FREE_SGD = "schedule_free_sgd"
+    APOLLO_ADAMW = "apollo_adamw"
+    APOLLO_ADAMW_LAYERWISE = "apollo_adamw_layerwise"
+    STABLE_ADAMW = "stable_adamw"
+
+
+def _default_optim() -> str:
+    # HF's rule: the fused AdamW kernel (CPU and CUDA) is the default from torch 2.8 on.
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return "adamw_torch_fused" if (major, minor) >= (2, 8) else "adamw_torch"
+
+
+# Level names accepted by log_level / log_level_replica; "passive" (-1) keeps the current level.
+_LOG_LEVELS = {
+    "passive": -1,
+    "detail": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+
+def _help(text: str, **argparse_options: Any) -> dict[str, Any]:
+    # Only argparse keywords may go in the metadata: HfArgumentParser passes it to add_argument.
+    return {"help": text, **argparse_options}
+
+
+@dataclass
+class TrainingArguments:
+    """Every option of a training run, with the names and defaults of `transformers.TrainingArguments`.
+
+    Example:
+        >>> args = TrainingArguments("out", learning_rate=1e-4, eval_strategy="steps", eval_steps=50)
+        >>> args.eval_strategy == "steps", args.train_batch_size
+        (True, 8)
+    """
+
+    # --- Output ---
+    output_dir: str | None = field(
+        default=None,
+        metadata=_help("Folder for checkpoints and final outputs. None means 'trainer_output'."),
+    )
+
+    # --- Training length and learning-rate schedule ---
+    per_device_train_batch_size: int = field(default=8, metadata=_help("Training examples per batch on each process."))
+    num_train_epochs: float = field(
+        default=3.0, metadata=_help("Passes over the training data; a fraction stops part-way through the last one.")
+    )
+    max_steps: int = field(
+        default=-1,
+        metadata=_help("Total optimizer steps. A positive value overrides num_train_epochs; -1 means unset."),
+    )
+    learning_rate: float = field(default=5e-5, metadata=_help("Peak learning rate (reached after warmup)."))
+    lr_scheduler_type: SchedulerType | str = field(
+        default="linear", metadata=_help("Learning-rate schedule name; see SchedulerType for the choices.")
+    )
+    lr_scheduler_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help("Extra keyword arguments for the schedule, as a dict or a JSON object string."),
+    )
+    warmup_steps: float = field(
+        default=0,
+        metadata=_help(
+            "Linear warmup from 0 to learning_rate: a whole number of steps, or a fraction in [0, 1) of the "
+            "total steps."
+        ),
+    )
+
+    # --- Optimizer ---
+    optim: OptimizerNames | str = field(
+        default=_default_optim(),
+        metadata=_help("Optimizer name; see OptimizerNames. Default: adamw_torch_fused on torch>=2.8."),
+    )
+    optim_args: str | None = field(
+        default=None, metadata=_help("Extra optimizer options as 'key=value,key2=value2'.")
+    )
+    weight_decay: float = field(
+        default=0.0, metadata=_help("Decoupled weight decay; biases and normalisation weights never decay.")
+    )
+    adam_beta1: float = field(default=0.9, metadata=_help("Adam's decay rate of the first-moment average."))
+    adam_beta2: float = field(default=0.999, metadata=_help("Adam's decay rate of the second-moment average."))
+    adam_epsilon: float = field(default=1e-8, metadata=_help("Adam's denominator term that avoids dividing by 0."))
+    optim_target_modules: None | str | list[str] = field(
+        default=None, metadata=_help("Module names that GaLore/APOLLO-style optimizers apply to. Not built yet.")
+    )
+
+    # --- Gradients ---
+    gradient_accumulation_steps: int = field(
+        default=1,
+        metadata=_help(
+            "Batches whose gradients add up before each optimizer step. Effective batch = per-device batch x "
+            "processes x this."
+        ),
+    )
+    average_tokens_across_devices: bool = field(
+        default=True,
+        metadata=_help(
+            "Normalise the loss by the item count of all processes. Always on in cadence (False is refused): "
+            "it is what makes N processes train like one."
+        ),
+    )
+    max_grad_norm: float = field(
+        default=1.0, metadata=_help("Clip the global gradient norm to this value; 0 or None disables clipping.")
+    )
+    label_smoothing_factor: float = field(
+        default=0.0, metadata=_help("Label smoothing epsilon in [0, 1); 0 disables it.")
+    )
+
+    # --- Precision ---
+    bf16: bool = field(default=False, metadata=_help("Train with bfloat16 autocast. Not built yet."))
+    fp16: bool = field(default=False, metadata=_help("Train with float16 autocast and loss scaling. Not built yet."))
+    bf16_full_eval: bool = field(
+        default=False, metadata=_help("Evaluate with the model cast to bfloat16. Not built yet.")
+    )
+    fp16_full_eval: bool = field(
+        default=False, metadata=_help("Evaluate with the model cast to float16. Not built yet.")
+    )
+    tf32: bool | None = field(
+        default=None, metadata=_help("Turn TF32 matmuls on (True) or off (False) on Ampere+ GPUs. Not built yet.")
+    )
+
+    # --- Activation checkpointing ---
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata=_help("Recompute activations in backward to save memory. Not built yet.", nargs="?", const=True),
+    )
+    activation_checkpointing_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata=_help("Options for activation checkpointing, as a dict or JSON object string.")
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Older name of activation_checkpointing (used when that is unset, then mirrors it).",
+            nargs="?",
+            const=True,
+        ),
+    )
+    gradient_checkpointing_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata=_help("Older name of activation_checkpointing_kwargs.")
+    )
+
+    # --- Compilation and kernels ---
+    torch_compile: bool = field(default=False, metadata=_help("Wrap the model in torch.compile. Not built yet."))
+    torch_compile_backend: str | None = field(
+        default=None, metadata=_help("torch.compile backend; setting it implies torch_compile. Not built yet.")
+    )
+    torch_compile_mode: str | None = field(
+        default=None, metadata=_help("torch.compile mode; setting it implies torch_compile. Not built yet.")
+    )
+    use_liger_kernel: bool = field(default=False, metadata=_help("Patch the model with Liger kernels. Not built yet."))
+    liger_kernel_config: dict[str, bool] | None = field(
+        default=None, metadata=_help("Which Liger kernels to apply; only read with use_liger_kernel.")
+    )
+
+    # --- Other model-side options ---
+    use_cache: bool = field(
+        default=False, metadata=_help("Keep the model's key/value cache on during training (rarely needed).")
+    )
+    neftune_noise_alpha: float | None = field(
+        default=None, metadata=_help("Scale of NEFTune noise added to embeddings while training. Not built yet.")
+    )
+    torch_empty_cache_steps: int | None = field(
+        default=None,
+        metadata=_help("Call the device's empty_cache() every this many steps (lower peak memory, slower)."),
+    )
+    auto_find_batch_size: bool = field(
+        default=False, metadata=_help("Halve the batch size and retry after running out of memory. Not built yet.")
+    )
+
+    # --- Logging ---
+    logging_strategy: IntervalStrategy | str = field(
+        default="steps", metadata=_help("When to log: 'no', 'steps' (every logging_steps) or 'epoch'.")
+    )
+    logging_steps: float = field(
+        default=500,
+        metadata=_help("Log every this many optimizer steps; a fraction in (0, 1) is a share of the total steps."),
+    )
+    logging_first_step: bool = field(default=False, metadata=_help("Also log after the very first optimizer step."))
+    log_on_each_node: bool = field(
+        default=True, metadata=_help("In multi-node runs, log from the first process of every node, not only node 0.")
+    )
+    logging_nan_inf_filter: bool = field(
+        default=True,
+        metadata=_help("Leave NaN/inf step losses out of the logged average (they are still counted and reported)."),
+    )
+    include_num_input_tokens_seen: str | bool = field(
+        default="no",
+        metadata=_help("Count input tokens: 'no', 'all' or 'non_padding' (True means 'all'). Not built yet."),
+    )
+    log_level: str = field(
+        default="passive",
+        metadata=_help(
+            "Log level of the main process: debug, info, warning, error, critical, or passive (leave as set)."
+        ),
+    )
+    log_level_replica: str = field(
+        default="warning", metadata=_help("Log level of the other processes; same names as log_level.")
+    )
+    disable_tqdm: bool | None = field(
+        default=None, metadata=_help("Hide progress bars. None: hide them when cadence's log level is above warning.")
+    )
+
+    # --- Experiment tracking ---
+    report_to: None | str | list[str] = field(
+        default="none",
+        metadata=_help("Reporting integrations: 'none' (the default), 'all' installed ones, or a list of names."),
+    )
+    run_name: str | None = field(default=None, metadata=_help("A name for the run, shown by reporting tools."))
+    project: str = field(default="huggingface", metadata=_help("Project name for Trackio reporting."))
+    trackio_space_id: str | None = field(
+        default=None, metadata=_help("Hugging Face Space that hosts a live Trackio dashboard; only used by Trackio.")
+    )
+    trackio_bucket_id: str | None = field(
+        default=None, metadata=_help("Hugging Face Bucket for Trackio data; only used by Trackio.")
+    )
+    trackio_static_space_id: str | None | Literal[False] = field(
+        default=None, metadata=_help("Read-only Trackio Space for stable links (False: none); only used by Trackio.")
+    )
+
+    # --- Evaluation ---
+    eval_strategy: IntervalStrategy | str = field(
+        default="no", metadata=_help("When to evaluate: 'no', 'steps' (every eval_steps) or 'epoch'.")
+    )
+    eval_steps: float | None = field(
+        default=None,
+        metadata=_help(
+            "Evaluate every this many steps with eval_strategy='steps'; a fraction in (0, 1) is a share of the "
+            "total steps. None: use logging_steps."
+        ),
+    )
+    eval_delay: float = field(
+        default=0, metadata=_help("Epochs or steps (per eval_strategy) to wait before the first evaluation.")
+    )
+    per_device_eval_batch_size: int = field(default=8, metadata=_help("Evaluation examples per batch on each process."))
+    prediction_loss_only: bool = field(
+        default=False, metadata=_help("During evaluation and prediction, compute the loss only.")
+    )
+    eval_on_start: bool = field(default=False, metadata=_help("Evaluate once before the first training step."))
+    eval_do_concat_batches: bool = field(
+        default=True,
+        metadata=_help("Concatenate predictions across batches (False keeps a list per batch: not built yet)."),
+    )
+    eval_use_gather_object: bool = field(
+        default=False, metadata=_help("Gather non-tensor outputs from all processes. Not built yet.")
+    )
+    eval_accumulation_steps: int | None = field(
+        default=None,
+        metadata=_help("Move predictions off the device every this many eval batches (None: keep all on device)."),
+    )
+    include_for_metrics: list[str] = field(
+        default_factory=list,
+        metadata=_help("Extra data for compute_metrics: 'inputs' and/or 'loss'. Not built yet."),
+    )
+    batch_eval_metrics: bool = field(
+        default=False, metadata=_help("Call compute_metrics on every batch instead of once. Not built yet.")
+    )
+
+    # --- Checkpoints ---
+    save_only_model: bool = field(
+        default=False,
+        metadata=_help(
+            "Save the model weights only (no optimizer, scheduler or RNG state): such checkpoints cannot resume "
+            "training."
+        ),
+    )
+    save_strategy: SaveStrategy | str = field(
+        default="steps",
+        metadata=_help("When to save: 'no', 'steps' (every save_steps), 'epoch' or 'best' (not built yet)."),
+    )
+    save_steps: float = field(
+        default=500,
+        metadata=_help("Save every this many steps with save_strategy='steps'; a fraction in (0, 1) is a share."),
+    )
+    save_on_each_node: bool = field(
+        default=False,
+        metadata=_help("In multi-node runs, save from every node (for nodes that do not share a filesystem)."),
+    )
+    save_total_limit: int | None = field(
+        default=None,
+        metadata=_help("Keep at most this many checkpoints (the newest and the best are always kept). None: all."),
+    )
+    enable_jit_checkpoint: bool = field(
+        default=False, metadata=_help("HF's switch for checkpointing on SIGTERM. Not built yet.")
+    )
+
+    # --- Hugging Face Hub (only read when push_to_hub=True) ---
+    push_to_hub: bool = field(default=False, metadata=_help("Upload the model to the Hub on save. Not built yet."))
+    hub_token: str | None = field(default=None, metadata=_help("Hub access token; masked in to_dict()."))
+    hub_private_repo: bool | None = field(default=None, metadata=_help("Create the Hub repository as private."))
+    hub_model_id: str | None = field(
+        default=None, metadata=_help("Hub repository to push to (default: named after output_dir).")
+    )
+    hub_strategy: HubStrategy | str = field(
+        default="every_save", metadata=_help("What to push and when: end, every_save, checkpoint or all_checkpoints.")
+    )
+    hub_always_push: bool = field(default=False, metadata=_help("Push even while a previous push is still running."))
+    hub_revision: str | None = field(default=None, metadata=_help("Hub branch or revision to push to."))
+
+    # --- Best model ---
+    load_best_model_at_end: bool = field(
+        default=False,
+        metadata=_help("Reload the best checkpoint (by metric_for_best_model) when training ends. Not built yet."),
+    )
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata=_help("Metric that picks the best checkpoint ('eval_' prefix optional). Default 'loss' when needed."),
+    )
+    greater_is_better: bool | None = field(
+        default=None,
+        metadata=_help("Whether a larger metric is better. None: False for names ending in 'loss', else True."),
+    )
+
+    # --- Resuming ---
+    ignore_data_skip: bool = field(
+        default=False,
+        metadata=_help("On resume, restart the epoch's data from its beginning instead of skipping. Not built yet."),
+    )
+    restore_callback_states_from_checkpoint: bool = field(
+        default=False, metadata=_help("On resume, restore the saved state of stateful callbacks. Not built yet.")
+    )
+
+    # --- Reproducibility ---
+    full_determinism: bool = field(
+        default=False,
+        metadata=_help("Seed everything and use deterministic torch kernels (bitwise repeatable, slower)."),
+    )
+    seed: int = field(default=42, metadata=_help("Seed set at the start of training (python, numpy, torch)."))
+    data_seed: int | None = field(default=None, metadata=_help("Seed of the data sampler. None: use seed."))
+
+    # --- Devices and distribution ---
+    use_cpu: bool = field(default=False, metadata=_help("Run on the CPU even when a GPU is available."))
+    accelerator_config: dict | str | None = field(
+        default=None, metadata=_help("accelerate Accelerator options (dict, JSON string or file). Not built yet.")
+    )
+    parallelism_config: Any | None = field(
+        default=None, metadata=_help("accelerate ParallelismConfig for tensor/context parallelism. Not built yet.")
+    )
+
+    # --- Data loading ---
+    dataloader_drop_last: bool = field(
+        default=False, metadata=_help("Drop the last training batch when it is smaller than the batch size.")
+    )
+    dataloader_num_workers: int = field(
+        default=0, metadata=_help("Worker processes that load data; 0 loads in the main process.")
+    )
+    dataloader_pin_memory: bool = field(
+        default=True, metadata=_help("Load batches into pinned memory for faster copies to the GPU.")
+    )
+    dataloader_persistent_workers: bool = field(
+        default=False, metadata=_help("Keep data workers alive between epochs (faster, uses more memory).")
+    )
+    dataloader_prefetch_factor: int | None = field(
+        default=None, metadata=_help("Batches each worker loads ahead; needs dataloader_num_workers > 0.")
+    )
+    dataloader_multiprocessing_context: str | None = field(
+        default=None, metadata=_help("Start method of data workers: 'fork', 'spawn' or 'forkserver'. None: default.")
+    )
+    dataloader_in_order: bool = field(
+        default=True, metadata=_help("Yield batches in sampler order (False: as soon as any worker has one).")
+    )
+    remove_unused_columns: bool = field(
+        default=True, metadata=_help("Drop dataset columns that the model's forward() does not accept.")
+    )
+    label_names: list[str] | None = field(
+        default=None, metadata=_help("Input keys that hold labels. None: 'labels' and the like, from the model.")
+    )
+    train_sampling_strategy: str = field(
+        default="random",
+        metadata=_help(
+            "Training sampler: 'random', 'sequential', 'group_by_length' or 'batch_rebalance' (the last two: "
+            "not built yet).",
+            choices=["random", "sequential", "group_by_length", "batch_rebalance"],
+        ),
+    )
+    length_column_name: str = field(
+        default="length", metadata=_help("Column of precomputed lengths, read by the length-grouped samplers.")
+    )
+
+    # --- DistributedDataParallel ---
+    ddp_find_unused_parameters: bool | None = field(
+        default=None, metadata=_help("DDP's find_unused_parameters. None: decided from the model.")
+    )
+    ddp_bucket_cap_mb: int | None = field(default=None, metadata=_help("DDP's gradient bucket size in MB."))
+    ddp_broadcast_buffers: bool | None = field(
+        default=None, metadata=_help("DDP's broadcast_buffers. None: decided from the model.")
+    )
+    ddp_static_graph: bool | None = field(default=None, metadata=_help("DDP's static_graph option."))
+    ddp_backend: str | None = field(
+        default=None, metadata=_help("torch.distributed backend, e.g. 'nccl' or 'gloo'. None: the device's default.")
+    )
+    ddp_timeout: int = field(default=1800, metadata=_help("Seconds before a collective operation times out."))
+
+    # --- FSDP / DeepSpeed ---
+    fsdp: str | None = field(default=None, metadata=_help("Fully sharded data parallel options. Not built yet."))
+    fsdp_config: dict[str, Any] | str | None = field(
+        default=None, metadata=_help("FSDP configuration (dict or JSON file). Not built yet.")
+    )
+    deepspeed: dict | str | None = field(
+        default=None, metadata=_help("DeepSpeed configuration (dict or JSON file). Not built yet.")
+    )
+
+    # --- Debugging ---
+    debug: str | list[str] = field(
+        default="", metadata=_help("HF debug features ('underflow_overflow', 'tpu_metrics_debug'). Not built yet.")
+    )
+    skip_memory_metrics: bool = field(
+        default=True, metadata=_help("Do not add memory-usage numbers to the metrics (measuring them is slow).")
+    )
+
+    # --- Script switches (read by user scripts, not by the Trainer) ---
+    do_train: bool = field(default=False, metadata=_help("For your script: whether to train."))
+    do_eval: bool = field(
+        default=False, metadata=_help("For your script: whether to evaluate. Set True when eval_strategy is not 'no'.")
+    )
+    do_predict: bool = field(default=False, metadata=_help("For your script: whether to predict."))
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata=_help("For your script: a checkpoint to pass to trainer.train().")
+    )
+    local_rank: int = field(
+        default=-1, metadata=_help("Set by old launchers; read local_process_index instead.")
+    )
+
+    # --- transformers 4.x spellings: resolved into their 5.x names, absent from to_dict() ---
+    evaluation_strategy: IntervalStrategy | str | None = field(
+        default=None, metadata=_help("4.x name of eval_strategy.")
+    )
+    warmup_ratio: float | None = field(
+        default=None, metadata=_help("4.x spelling: a fraction in [0, 1) of the total steps, stored in warmup_steps.")
+    )
+    group_by_length: bool | None = field(
+        default=None,
+        metadata=_help("4.x spelling of train_sampling_strategy='group_by_length'.", nargs="?", const=True),
+    )
+    no_cuda: bool | None = field(default=None, metadata=_help("4.x name of use_cpu.", nargs="?", const=True))
+    include_inputs_for_metrics: bool | None = field(
+        default=None,
+        metadata=_help("4.x spelling of include_for_metrics=['inputs'].", nargs="?", const=True),
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata=_help(
+            "4.x option, accepted and recorded but without effect (HF 5 dropped it too): an existing output_dir "
+            "is reused and resuming is explicit (resume_from_checkpoint)."
+        ),
+    )
+    save_safetensors: bool | None = field(
+        default=True,
+        metadata=_help("4.x option: True is accepted; False is refused because cadence always writes safetensors."),
+    )
+    # --- transformers 4.x field kept as a real field (in to_dict) ---
+    logging_dir: str | None = field(
+        default=None,
+        metadata=_help(
+            "Folder for TensorBoard event files. None: the TensorBoard callback picks $TENSORBOARD_LOGGING_DIR or "
+            "output_dir/runs/<time>_<host> when it starts."
+        ),
+    )
+
+    def __post_init__(self):
+        # 1. Resolve input forms: 4.x aliases, None/str/bool shorthands, JSON strings.
+        _resolve_aliases(self)
+        _resolve_output_dir(self)
+        _parse_json_dict_fields(self)
+        _resolve_checkpointing_names(self)
+        _normalise_shorthands(self)
+        _normalise_report_to(self)
+        # 2. Names -> enums (unknown names are reported with the valid ones).
+        _convert_enums(self)
+        # 3. HF's derived defaults.
+        _derive_eval_steps(self)
+        _derive_best_model_metric(self)
+        _derive_simple_defaults(self)
+        # 4. Single values.
+        _check_value_rules(self)
+        _check_choices(self)
+        _check_step_intervals(self)
+        # 5. Combinations.
+        _check_one_precision(self)
+        _check_best_model_strategies(self)
+        _check_scheduler_needs_eval(self)
+        _check_prefetch_needs_workers(self)
+        # 6. What cadence does not do (yet): refused, never silently ignored.
+        _refuse_from_table(self, _NOT_YET_BUILT, "is not built in cadence yet")
+        _refuse_from_table(self, _REFUSED_BY_DESIGN, "is not supported by cadence")
+        _refuse_unbuilt_integrations(self)
+
+    # ---------------------------------------------------------------------------------------
+    # Derived properties
+    # ---------------------------------------------------------------------------------------
+    @property
+    def train_batch_size(self) -> int:
+        """Training batch size of one process (cadence never splits a batch over GPUs in one process)."""
+        return self.per_device_train_batch_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Evaluation batch size of one process."""
+        return self.per_device_eval_batch_size
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes, from the launcher's WORLD_SIZE (1 when not launched distributed)."""
+        return int(os.environ.get("WORLD_SIZE", 1))
+
+    @property
+    def process_index(self) -> int:
+        """This process's global rank, from RANK (0 when not launched distributed)."""
+        return int(os.environ.get("RANK", 0))
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its node, from LOCAL_RANK (0 when not launched distributed)."""
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    @functools.cached_property
+    def device(self) -> torch.device:
+        """`cpu` with use_cpu or without CUDA, else `cuda:<local_process_index>`. Computed once."""
+        if self.use_cpu or not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", self.local_process_index)
+
+    @property
+    def n_gpu(self) -> int:
+        """GPUs used by this process: 0 on CPU, else 1 (one device per process, no DataParallel)."""
+        return 0 if self.device.type == "cpu" else 1
+
+    @property
+    def should_log(self) -> bool:
+        """Whether this process logs: the first of each node with log_on_each_node, else global rank 0."""
+        return (self.local_process_index if self.log_on_each_node else self.process_index) == 0
+
+    @property
+    def should_save(self) -> bool:
+        """Whether this process writes files: the first of each node with save_on_each_node, else rank 0."""
+        return (self.local_process_index if self.save_on_each_node else self.process_index) == 0
+
+    @property
+    def ddp_timeout_delta(self) -> timedelta:
+        """`ddp_timeout` as the timedelta torch.distributed expects."""
+        return timedelta(seconds=self.ddp_timeout)
+
+    def get_process_log_level(self) -> int:
+        """The logging level for this process: log_level where should_log, else log_level_replica.
+
+        Returns:
+            A `logging` level number; "passive" gives the current effective level of the `cadence`
+            logger (WARNING unless the application changed it).
+        """
+        level = _LOG_LEVELS[self.log_level if self.should_log else self.log_level_replica]
+        return logging.getLogger("cadence").getEffectiveLevel() if level == -1 else level
+
+    def get_warmup_steps(self, num_training_steps: int) -> int:
+        """Warmup length in optimizer steps.
+
+        Args:
+            num_training_steps: total optimizer steps of the run.
+
+        Returns:
+            `int(warmup_steps)` when warmup_steps >= 1, else `ceil(warmup_steps * num_training_steps)`.
+
+        Example:
+            >>> TrainingArguments(warmup_steps=0.1).get_warmup_steps(95)
+            10
+        """
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        return math.ceil(num_training_steps * self.warmup_steps)
+
+    # ---------------------------------------------------------------------------------------
+    # Serialisation
+    # ---------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The options as plain JSON-friendly values (enums as their names), tokens masked.
+
+        4.x aliases are left out: they were resolved into their 5.x fields. Feeding the result back,
+        `TrainingArguments(**args.to_dict())`, gives equal arguments.
+        """
+        d = {}
+        for f in dataclasses.fields(self):
+            if f.init and f.name not in _LEGACY_ONLY:
+                value = _plain(getattr(self, f.name))
+                # Masked even when unset, as HF does, so a dump never shows whether a token exists.
+                d[f.name] = f"<{f.name.upper()}>" if f.name.endswith("_token") else _dtype_names(value)
+        return d
+
+    def to_json_string(self) -> str:
+        """`to_dict()` as indented JSON."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        """`to_dict()` plus the batch sizes, with anything not bool/int/float/str turned into a string
+        (the form TensorBoard's hparams accept)."""
+        d = {**self.to_dict(), "train_batch_size": self.train_batch_size, "eval_batch_size": self.eval_batch_size}
+        return {k: v if type(v) in (bool, int, float, str, torch.Tensor) else str(v) for k, v in d.items()}
+
+    def __str__(self) -> str:
+        lines = "".join(f"  {k}={v!r},\n" for k, v in self.to_dict().items())
+        return f"{type(self).__name__}(\n{lines})"
+
+    def __repr__(self) -> str:
+        # Only what differs from a default instance: 114 lines of defaults hide the interesting ones.
+        defaults = _default_dict(type(self))
+        changed = {k: v for k, v in self.to_dict().items() if k not in defaults or defaults[k] != v}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+# =============================================================================================
+# The tables: aliases, value rules, refusals. Edit these, not the functions below.
+# =============================================================================================
+def _keep(name: str, value: Any) -> Any:
+    return value
+
+
+def _when_true(new_value: Any) -> Callable[[str, Any], Any]:
+    # A 4.x boolean switch: True means new_value (a fresh copy: lists must not be shared between
+    # instances); False was the 4.x default and says nothing.
+    return lambda name, on: copy.deepcopy(new_value) if on else None
+
+
+def _warmup_ratio_as_steps(name: str, ratio: Any) -> float:
+    if not (_is_number(ratio) and 0 <= ratio < 1):
+        raise _invalid(
+            name, ratio, "a fraction in [0, 1)", "for warmup over the whole run pass warmup_steps=<total steps>"
+        )
+    return float(ratio)  # HF 5 reads a warmup_steps value below 1 as a ratio of the total steps
+
+
+# 4.x name -> (5.x name, converter(name, value) -> 5.x value or None for "no opinion").
+_ALIASES: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "evaluation_strategy": ("eval_strategy", _keep),
+    "warmup_ratio": ("warmup_steps", _warmup_ratio_as_steps),
+    "group_by_length": ("train_sampling_strategy", _when_true("group_by_length")),
+    "no_cuda": ("use_cpu", _when_true(True)),
+    "include_inputs_for_metrics": ("include_for_metrics", _when_true(["inputs"])),
+}
+# Accepted, kept on the object, but not options of HF 5: left out of to_dict().
+_LEGACY_ONLY = frozenset(_ALIASES) | {"overwrite_output_dir", "save_safetensors"}
+
+_ENUM_FIELDS: dict[str, type[Enum]] = {
+    "eval_strategy": IntervalStrategy,
+    "logging_strategy": IntervalStrategy,
+    "save_strategy": SaveStrategy,
+    "hub_strategy": HubStrategy,
+    "lr_scheduler_type": SchedulerType,
+    "optim": OptimizerNames,
+}
+
+# Fields that may arrive as a JSON object string (from a command line).
+_JSON_DICT_FIELDS = (
+    "lr_scheduler_kwargs",
+    "activation_checkpointing_kwargs",
+    "gradient_checkpointing_kwargs",
+    "accelerator_config",
+    "fsdp_config",
+    "deepspeed",
+)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _at_least(low: float, integer: bool = False, optional: bool = False) -> Callable[[Any], bool]:
+    is_kind = _is_int if integer else _is_number
+    return lambda v: (optional and v is None) or (is_kind(v) and v >= low)
+
+
+def _in_unit_interval(v: Any) -> bool:
+    return _is_number(v) and 0 <= v < 1
+
+
+def _is_warmup(v: Any) -> bool:
+    # Whole steps (integral when >= 1, so 2.5 is not silently truncated) or a ratio below 1.
+    return _is_number(v) and v >= 0 and (v < 1 or float(v).is_integer())
+
+
+def _is_max_steps(v: Any) -> bool:
+    return _is_int(v) and (v == -1 or v >= 1)
+
+
+def _is_seed(v: Any) -> bool:
+    return _is_int(v) and 0 <= v < 2**32  # numpy refuses seeds outside [0, 2**32)
+
+
+# field -> (is_valid, what it must be, how to fix it)
+_VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "learning_rate": (_at_least(0), ">= 0", "pass a positive learning rate such as 5e-5"),
+    "weight_decay": (_at_least(0), ">= 0", "pass 0.0 for no decay or a small value such as 0.01"),
+    "adam_beta1": (_in_unit_interval, "in [0, 1)", "the usual value is 0.9"),
+    "adam_beta2": (_in_unit_interval, "in [0, 1)", "the usual value is 0.999"),
+    "adam_epsilon": (_at_least(0), ">= 0", "the usual value is 1e-8"),
+    "max_grad_norm": (_at_least(0, optional=True), ">= 0 (0 or None: no clipping)", "pass 1.0, or 0 to disable"),
+    "label_smoothing_factor": (_in_unit_interval, "in [0, 1)", "pass 0.0 to disable or a small value such as 0.1"),
+    "gradient_accumulation_steps": (_at_least(1, integer=True), "an integer >= 1", "pass 1 for no accumulation"),
+    "per_device_train_batch_size": (_at_least(1, integer=True), "an integer >= 1", "pass a batch size such as 8"),
+    "per_device_eval_batch_size": (_at_least(1, integer=True), "an integer >= 1", "pass a batch size such as 8"),
+    "num_train_epochs": (_at_least(0), ">= 0", "pass the number of passes over the data, such as 3"),
+    "max_steps": (_is_max_steps, "an integer >= 1, or -1 for unset", "pass -1 to train for num_train_epochs"),
+    "warmup_steps": (
+        _is_warmup,
+        "a whole number of steps >= 0 or a fraction in [0, 1) of the total steps",
+        "pass e.g. warmup_steps=100 or warmup_steps=0.1",
+    ),
+    "eval_delay": (_at_least(0), ">= 0", "pass 0 to allow evaluation from the start"),
+    "save_total_limit": (_at_least(1, True, True), "None or an integer >= 1", "pass None to keep every checkpoint"),
+    "torch_empty_cache_steps": (_at_least(1, True, True), "None or an integer >= 1", "pass None to never empty it"),
+    "eval_accumulation_steps": (_at_least(1, True, True), "None or an integer >= 1", "pass None to keep all"),
+    "dataloader_num_workers": (_at_least(0, integer=True), "an integer >= 0", "pass 0 to load in the main process"),
+    "dataloader_prefetch_factor": (_at_least(1, True, True), "None or an integer >= 1", "pass None or e.g. 2"),
+    "seed": (_is_seed, "an integer in [0, 2**32)", "pass a seed such as 42"),
+    "data_seed": (lambda v: v is None or _is_seed(v), "None or an integer in [0, 2**32)", "pass None to use seed"),
+}
+
+# field -> the accepted values (fields that are plain strings, not enums, in HF).
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "log_level": tuple(_LOG_LEVELS),
+    "log_level_replica": tuple(_LOG_LEVELS),
+    "train_sampling_strategy": ("random", "sequential", "group_by_length", "batch_rebalance"),
+    "include_num_input_tokens_seen": ("no", "all", "non_padding"),
+}
+
+# (strategy field, its interval field): the interval is checked when the strategy is "steps".
+_STEP_INTERVALS = (
+    ("logging_strategy", "logging_steps"),
+    ("eval_strategy", "eval_steps"),
+    ("save_strategy", "save_steps"),
+)
+
+# Features cadence does not have yet. "field" is refused when set to a truthy value other than its
+# default; "field=value" when it equals that value. When a feature lands, delete its line(s).
+_NOT_YET_BUILT: dict[str, str] = {
+    "bf16": "mixed precision",
+    "fp16": "mixed precision",
+    "bf16_full_eval": "half-precision evaluation",
+    "fp16_full_eval": "half-precision evaluation",
+    "tf32": "TF32 control",
+    "tf32=False": "TF32 control",
+    "activation_checkpointing": "activation checkpointing (also spelled gradient_checkpointing)",
+    "gradient_checkpointing": "activation checkpointing (also spelled gradient_checkpointing)",
+    "torch_compile": "torch.compile",
+    "torch_compile_backend": "torch.compile",
+    "torch_compile_mode": "torch.compile",
+    "use_liger_kernel": "Liger kernels",
+    "neftune_noise_alpha": "NEFTune",
+    "auto_find_batch_size": "automatic batch-size search",
+    "include_num_input_tokens_seen": "input-token counting",
+    "eval_do_concat_batches=False": "per-batch prediction lists",
+    "eval_use_gather_object": "gathering non-tensor outputs",
+    "batch_eval_metrics": "per-batch compute_metrics",
+    "include_for_metrics": "passing inputs/losses to compute_metrics",
+    "enable_jit_checkpoint": "HF's SIGTERM checkpoint switch",
+    "push_to_hub": "pushing to the Hugging Face Hub",
+    "load_best_model_at_end": "reloading the best checkpoint",
+    "save_strategy=best": "saving on a new best metric",
+    "train_sampling_strategy=group_by_length": "the length-grouped sampler",
+    "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
+    "restore_callback_states_from_checkpoint": "restoring callback states",
+    "ignore_data_skip": "restarting resumed epochs from their beginning",
+    "accelerator_config": "accelerator_config",
+    "parallelism_config": "tensor/context parallelism",
+    "fsdp": "FSDP",
+    "fsdp_config": "FSDP",
+    "deepspeed": "DeepSpeed",
+    "debug": "HF debug features",
+    "optim_target_modules": "GaLore/APOLLO target modules",
+}
+
+# Settings cadence refuses on purpose, with the reason.
+_REFUSED_BY_DESIGN: dict[str, str] = {
+    "average_tokens_across_devices=False": (
+        "cadence always divides the summed loss by the item count of all processes, so N processes train "
+        "exactly like one; a per-process average would weight processes with fewer items more"
+    ),
+    "save_safetensors=False": (
+        "cadence always writes weights as safetensors, whose loading cannot run code"
+    ),
+}
+
+# Reporting integrations that exist; names join as integrations land.
+_BUILT_INTEGRATIONS: tuple[str, ...] = ()
+
+
+# =============================================================================================
+# __post_init__ steps, in the order they run.
+# =============================================================================================
+def _invalid(name: str, value: Any, rule: str, fix: str) -> ValueError:
+    return ValueError(f"{name}={value!r} is invalid: it must be {rule}; {fix}")
+
+
+def _plain(value: Any) -> Any:
+    """Enums as their values, recursively through lists."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _dtype_names(value: Any) -> Any:
+    # torch.dtype values inside option dicts (e.g. a subclass's model kwargs) become "float32" etc. for JSON.
+    if isinstance(value, dict):
+        return {k: _dtype_names(v) for k, v in value.items()}
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return value
+
+
+@functools.cache
+def _field_defaults(cls: type) -> dict[str, Any]:
+    return {
+        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+    }
+
+
+@functools.cache
+def _default_dict(cls: type) -> dict[str, Any]:
+    try:
+        return cls().to_dict()
+    except Exception:  # noqa: BLE001 - a subclass with required fields: show every field instead
+        return {}
+
+
+def _resolve_aliases(args: TrainingArguments) -> None:
+    """Move each 4.x spelling into its 5.x field; the two disagreeing is an error."""
+    defaults = _field_defaults(type(args))
+    for old, (new, convert) in _ALIASES.items():
+        old_value = getattr(args, old)
+        if old_value is None:
+            continue
+        value = convert(old, old_value)
+        setattr(args, old, None)  # consumed, so a dataclasses.replace() copy does not apply it again
+        current = getattr(args, new)
+        if value is None or _plain(current) == _plain(value):
+            continue
+        if _plain(current) != _plain(defaults[new]):
+            raise ValueError(
+                f"{old}={old_value!r} conflicts with {new}={_plain(current)!r}: {old} is the transformers 4.x "
+                f"spelling of {new}; pass only {new}"
+            )
+        setattr(args, new, value)
+
+
+def _resolve_output_dir(args: TrainingArguments) -> None:
+    if args.output_dir is None:
+        logger.info("No output_dir given: using 'trainer_output'")
+        args.output_dir = "trainer_output"
+    args.output_dir = os.path.expanduser(os.fspath(args.output_dir))
+
+
+def _parse_json_dict_fields(args: TrainingArguments) -> None:
+    for name in _JSON_DICT_FIELDS:
+        value = getattr(args, name)
+        if isinstance(value, str) and value.lstrip().startswith("{"):  # other strings are file paths
+            try:
+                setattr(args, name, json.loads(value))
+            except json.JSONDecodeError as error:
+                raise _invalid(name, value, "a dict or a JSON object string", f"fix the JSON ({error})") from None
+
+
+def _resolve_checkpointing_names(args: TrainingArguments) -> None:
+    # HF 5's rule: the old name is read only when the new one is unset; afterwards they mirror.
+    for old, new in (
+        ("gradient_checkpointing", "activation_checkpointing"),
+        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+    ):
+        if getattr(args, new) is None:
+            setattr(args, new, getattr(args, old))
+        setattr(args, old, getattr(args, new))
+    if args.activation_checkpointing is None:
+        args.activation_checkpointing = args.gradient_checkpointing = False
+
+
+def _normalise_shorthands(args: TrainingArguments) -> None:
+    if isinstance(args.include_num_input_tokens_seen, bool):
+        args.include_num_input_tokens_seen = "all" if args.include_num_input_tokens_seen else "no"
+    if args.debug is None or isinstance(args.debug, str):
+        args.debug = (args.debug or "").split()  # HF takes space-separated names
+
+
+def _normalise_report_to(args: TrainingArguments) -> None:
+    """report_to becomes a list of names; "none" is the empty list, "all" the built integrations."""
+    names = args.report_to
+    if names is None or isinstance(names, str):
+        names = [] if names is None else [names]
+    names = list(names)
+    if names in (["none"], []):
+        args.report_to = []
+    elif names == ["all"]:
+        logger.info("report_to='all': reporting to %s", list(_BUILT_INTEGRATIONS) or "nothing (none are built yet)")
+        args.report_to = list(_BUILT_INTEGRATIONS)
+    else:
+        args.report_to = names
+
+
+def _convert_enums(args: TrainingArguments) -> None:
+    for name, enum_cls in _ENUM_FIELDS.items():
+        value = getattr(args, name)
+        try:
+            setattr(args, name, enum_cls(_plain(value)))
+        except ValueError:
+            valid = ", ".join(repr(m.value) for m in enum_cls)
+            raise _invalid(name, value, f"one of {valid}", f"pick one of those {enum_cls.__name__} names") from None
+
+
+def _derive_eval_steps(args: TrainingArguments) -> None:
+    # HF's rule: evaluating "every steps" without eval_steps (or with 0) evaluates as often as it logs.
+    if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps:
+        logger.info("eval_steps not set: using logging_steps=%s", args.logging_steps)
+        args.eval_steps = args.logging_steps
+
+
+def _derive_best_model_metric(args: TrainingArguments) -> None:
+    # Anything that compares evaluations needs a metric: HF defaults it to the loss.
+    needs_metric = (
+        args.load_best_model_at_end
+        or args.save_strategy == SaveStrategy.BEST
+        or args.lr_scheduler_type in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY)
+    )
+    if needs_metric and args.metric_for_best_model is None:
+        args.metric_for_best_model = "loss"
+    if args.greater_is_better is None and args.metric_for_best_model is not None:
+        args.greater_is_better = not args.metric_for_best_model.endswith("loss")  # losses go down
+
+
+def _derive_simple_defaults(args: TrainingArguments) -> None:
+    if args.eval_strategy != IntervalStrategy.NO:
+        args.do_eval = True  # HF: evaluating during training implies do_eval for the user's script
+    if args.disable_tqdm is None:
+        args.disable_tqdm = logging.getLogger("cadence").getEffectiveLevel() > logging.WARNING
+    if args.use_cpu:
+        args.dataloader_pin_memory = False  # pinning only speeds up copies to a GPU
+
+
+def _check_value_rules(args: TrainingArguments) -> None:
+    for name, (is_valid, rule, fix) in _VALUE_RULES.items():
+        value = getattr(args, name)
+        if not is_valid(value):
+            raise _invalid(name, value, rule, fix)
+
+
+def _check_choices(args: TrainingArguments) -> None:
+    for name, choices in _CHOICES.items():
+        value = getattr(args, name)
+        if value not in choices:
+            raise _invalid(name, value, f"one of {', '.join(map(repr, choices))}", "pick one of those")
+    for name in args.report_to:
+        if not isinstance(name, str):
+            raise _invalid("report_to", args.report_to, "'none', 'all' or a list of names", "pass names as strings")
+
+
+def _check_step_intervals(args: TrainingArguments) -> None:
+    """With a "steps" strategy the interval is a whole number of steps >= 1 or a ratio in (0, 1)."""
+    for strategy, name in _STEP_INTERVALS:
+        if getattr(args, strategy) != IntervalStrategy.STEPS:
+            continue
+        value = getattr(args, name)
+        if not (_is_number(value) and value > 0 and (value < 1 or float(value).is_integer())):
+            raise _invalid(
+                name,
+                value,
+                f"a whole number of steps >= 1 or a fraction in (0, 1) of the total steps when {strategy}='steps'",
+                f"pass e.g. {name}=500 or {name}=0.1, or another {strategy}",
+            )
+        if value >= 1:
+            setattr(args, name, int(value))
+
+
+def _check_one_precision(args: TrainingArguments) -> None:
+    for a, b in (("fp16", "bf16"), ("fp16_full_eval", "bf16_full_eval")):
+        if getattr(args, a) and getattr(args, b):
+            raise ValueError(
+                f"{a}=True together with {b}=True is invalid: only one half-precision type can be used; keep one"
+            )
+
+
+def _check_best_model_strategies(args: TrainingArguments) -> None:
+    """load_best_model_at_end reloads a saved evaluation point: saves must land on evaluations."""
+    if not args.load_best_model_at_end or args.save_strategy == SaveStrategy.BEST:
+        return
+    if args.eval_strategy != args.save_strategy:
+        raise ValueError(
+            f"save_strategy={args.save_strategy.value!r} is invalid with load_best_model_at_end=True and "
+            f"eval_strategy={args.eval_strategy.value!r}: the two strategies must match so that every evaluated "
+            f"model is saved; set save_strategy={args.eval_strategy.value!r} (or 'best')"
+        )
+    if args.eval_strategy == IntervalStrategy.STEPS and not _is_multiple(args.save_steps, args.eval_steps):
+        raise ValueError(
+            f"save_steps={args.save_steps!r} is invalid with load_best_model_at_end=True: it must be a multiple "
+            f"of eval_steps={args.eval_steps!r} (both whole steps or both ratios); set save_steps={args.eval_steps!r}"
+        )
+
+
+def _is_multiple(save_steps: float, eval_steps: float) -> bool:
+    if (save_steps < 1) != (eval_steps < 1):
+        return False  # a ratio and a step count: no multiple can be guaranteed
+    # Ratios compared in millionths, so that 0.3 counts as a multiple of 0.1 despite float error.
+    return round(save_steps * 1_000_000) % round(eval_steps * 1_000_000) == 0
+
+
+def _check_scheduler_needs_eval(args: TrainingArguments) -> None:
+    if args.lr_scheduler_type in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY):
+        if args.eval_strategy == IntervalStrategy.NO:
+            raise ValueError(
+                f"lr_scheduler_type={args.lr_scheduler_type.value!r} is invalid with eval_strategy='no': this "
+                f"schedule reacts to evaluation metrics; set eval_strategy='steps' or 'epoch'"
+            )
+
+
+def _check_prefetch_needs_workers(args: TrainingArguments) -> None:
+    if args.dataloader_prefetch_factor is not None and args.dataloader_num_workers == 0:
+        raise ValueError(
+            f"dataloader_prefetch_factor={args.dataloader_prefetch_factor!r} is invalid with "
+            f"dataloader_num_workers=0: only worker processes prefetch; set dataloader_num_workers > 0 or "
+            f"leave dataloader_prefetch_factor=None"
+        )
+
+
+def _refuse_from_table(args: TrainingArguments, table: dict[str, str], verdict: str) -> None:
+    defaults = _field_defaults(type(args))
+    for key, what in table.items():
+        name, _, refused_value = key.partition("=")
+        value = getattr(args, name)
+        if refused_value:
+            refused = str(_plain(value)) == refused_value
+        else:
+            refused = bool(value) and _plain(value) != _plain(defaults[name])
+        if refused:
+            raise ValueError(
+                f"{name}={_plain(value)!r} {verdict} ({what}); remove it or pass {name}={_plain(defaults[name])!r}. "
+                f"cadence refuses rather than silently ignoring a setting."
+            )
+
+
+def _refuse_unbuilt_integrations(args: TrainingArguments) -> None:
+    for name in args.report_to:
+        if name not in _BUILT_INTEGRATIONS:
+            raise ValueError(
+                f"report_to={args.report_to!r} is invalid: the integration for {name!r} is not built in cadence "
+                f"yet; pass report_to='none'"
+            )
+
+
+__all__ = ["OptimizerNames", "TrainingArguments"]
