@@ -12,7 +12,7 @@ HERE = os.path.dirname(__file__)
 
 def launch(nproc, model, out, batch, ga):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_port=0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
            os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga)]
     if nproc == 1:
         cmd = [sys.executable, os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga)]

@@ -113,12 +113,12 @@ class NaNAt(torch.nn.Module):
         self.calls += 1
         loss, y = self.inner(input_x, labels)
         if self.calls in (2, 3):
-            loss = loss * float("nan")
+            loss = loss + torch.tensor(float("nan"))  # a constant: the gradients stay finite
         return (loss, y)
 
 
 def test_nonfinite_losses_are_counted_not_hidden(out_dir):
-    trainer = Trainer(NaNAt(), make_args(out_dir, max_steps=4, logging_steps=4, max_grad_norm=0, learning_rate=0.0),
+    trainer = Trainer(NaNAt(), make_args(out_dir, max_steps=4, logging_steps=4),
                       train_dataset=RegressionDataset(32))
     trainer.train()
     log = [h for h in trainer.state.log_history if "loss" in h][0]

@@ -56,7 +56,7 @@ def micro_batch_weight(
     if loss_is_normalised:
         return 1.0
     own = count_items(inputs["shift_labels"], False) if "shift_labels" in inputs else count_items(inputs["labels"], shifted)
-    return own / items.clamp(min=1)
+    return own.double() / items.clamp(min=1).double()
 
 
 class LabelSmoother:
@@ -78,7 +78,9 @@ class LabelSmoother:
         logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]
         if shift_labels:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
-        log_probs = F.log_softmax(logits.float(), dim=-1)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()  # the softmax of half-precision logits loses too much
+        log_probs = F.log_softmax(logits, dim=-1)
         keep = labels.ne(self.ignore_index)
         safe_labels = labels.clamp(min=0).unsqueeze(-1)
         nll = -log_probs.gather(-1, safe_labels).squeeze(-1)

@@ -55,7 +55,7 @@ class _RunningLoss:
     """The loss summed on the device between logs; read (one host sync) only when logging."""
 
     def __init__(self, device: torch.device, filter_nonfinite: bool):
-        self.sum = torch.zeros((), device=device)
+        self.sum = torch.zeros((), device=device, dtype=torch.float64)  # float32 would round long sums
         self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
         self.total = 0.0  # sum of the logged intervals, for train_loss
         self.last_logged_step = 0
@@ -453,7 +453,9 @@ class Trainer:
         )
         if num_items_in_batch is not None:
             weight = weight * self.backend.world_size  # data parallelism averages gradients over processes
-        if not isinstance(weight, float) or weight != 1.0:
+        if torch.is_tensor(weight):
+            loss = loss * weight.to(loss.dtype)  # the ratio in the loss's precision (float64 models stay exact)
+        elif weight != 1.0:
             loss = loss * weight
         self.backend.backward(loss)
         return loss.detach()
