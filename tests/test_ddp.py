@@ -11,7 +11,8 @@ HERE = os.path.dirname(__file__)
 
 
 def launch(nproc, model, out, batch, ga):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}
+    src = os.path.join(os.path.dirname(HERE), "src")  # this checkout's cadence, even beside another install
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
            os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga)]
     if nproc == 1:
