@@ -102,10 +102,11 @@ class Backend:
             return tensor
         return self.accelerator.gather(tensor)
 
-    def pad_across_processes(self, tensor: Any, pad_index: int = -100) -> Any:
+    def pad_across_processes(self, tensor: Any, dim: int = 1, pad_index: int = -100) -> Any:
+        """Pad ``dim`` to the largest size over processes (a collective), so the tensors can be gathered."""
         if self.accelerator is None:
             return tensor
-        return self.accelerator.pad_across_processes(tensor, dim=1, pad_index=pad_index)
+        return self.accelerator.pad_across_processes(tensor, dim=dim, pad_index=pad_index)
 
     def barrier(self) -> None:
         if self.accelerator is not None:

@@ -61,6 +61,45 @@ class EpochSampler(Sampler[int]):
         return iter(order[self.rank :: self.world_size])
 
 
+class EvalBatchSampler(Sampler[list[int]]):
+    """Evaluation batches in dataset order; with N processes, process ``r`` takes batches ``r, r+N, ...``.
+
+    The batches are the one-process batches ``[0..b), [b..2b), ...`` (the last may be shorter), so
+    the N batches gathered at step ``k`` are the consecutive batches ``kN .. kN+N-1`` and the gathered
+    rows are in dataset order. Every process runs the same number of steps (collectives stay in
+    step): a process with no batch left runs a repeat of batch 0 that ``is_padding(step)`` marks, and
+    whose rows and loss the evaluation leaves out.
+
+    Args:
+        num_samples: length of the dataset.
+        batch_size: rows per batch of one process.
+        rank, world_size: this process and the number of processes.
+        drop_last: leave out the last, shorter batch.
+
+    Example:
+        >>> list(EvalBatchSampler(5, 2, rank=1, world_size=2))
+        [[2, 3], [0, 1]]
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1, drop_last: bool = False):
+        self.num_samples, self.batch_size, self.rank, self.world_size = num_samples, batch_size, rank, world_size
+        full, rest = divmod(num_samples, batch_size)
+        self.num_batches = full if drop_last or not rest else full + 1  # of the whole, one-process list
+
+    def __len__(self) -> int:
+        return -(-self.num_batches // self.world_size)
+
+    def is_padding(self, step: int) -> bool:
+        """True when this process's batch at ``step`` only keeps the collectives in step."""
+        return step * self.world_size + self.rank >= self.num_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(len(self)):
+            batch = 0 if self.is_padding(step) else step * self.world_size + self.rank
+            start = batch * self.batch_size
+            yield list(range(start, min(start + self.batch_size, self.num_samples)))
+
+
 # ---------------------------------------------------------------- collators
 
 
@@ -225,6 +264,7 @@ def check_dataset(dataset: Any, name: str) -> None:
 
 __all__ = [
     "EpochSampler",
+    "EvalBatchSampler",
     "default_data_collator",
     "DataCollatorWithPadding",
     "RemoveColumnsCollator",

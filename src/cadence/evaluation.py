@@ -1,15 +1,28 @@
-"""Gathering, padding and concatenating predictions; metric prefixes.
+"""Gathering, padding and concatenating predictions; the exact eval loss; metric prefixes; best metric.
 
-Predictions are gathered from all processes, padded to a common length with -100 and moved to
-the CPU every ``eval_accumulation_steps`` batches (every batch when unset), so the device holds at
-most that many batches of predictions. Samples the sampler repeated to even out process shares
-are dropped at the end (the result has exactly ``len(dataset)`` rows).
+How the eval loss is computed: every batch's mean loss is weighted by the number of items behind
+it (labels ``!= -100``, without position 0 for causal LMs that shift; the row count when labels
+are one per row), summed over batches and processes, and divided once by the total item count.
+So ``eval_loss`` is the mean over all evaluated items: it does not change with
+``per_device_eval_batch_size`` or the number of processes, and the last, short batch weighs what
+its items weigh. (``transformers`` averages per-batch means, weighted by rows; for token losses
+that differs.)
+
+Distributed order: the eval batch sampler (``data.EvalBatchSampler``) gives process ``r`` the
+batches ``r, r+N, ...`` of the one-process batch list, so the rows gathered at a step are in
+dataset order; a process with no batch left runs a padding batch whose rows and loss are dropped
+here, so N processes give exactly the one-process predictions, labels and loss.
+
+Bounded memory: gathered predictions are moved to the CPU every ``eval_accumulation_steps`` steps
+(every step when unset), so the device holds at most that many batches of predictions; with
+``batch_eval_metrics`` nothing is kept at all. Host chunks are concatenated once, at the end.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -20,10 +33,11 @@ from .trainer_utils import EvalPrediction, denumpify_detensorize
 logger = logging.getLogger(__name__)
 
 PAD_INDEX = -100
+FIELDS = ("predictions", "label_ids", "inputs", "losses")  # the order of EvalPrediction's arguments
 
 
 def _map(fn: Callable, value: Any) -> Any:
-    """Apply ``fn`` to every tensor of a nested tuple/list/dict."""
+    """Apply ``fn`` to every tensor/array of a nested tuple/list/dict."""
     if isinstance(value, Mapping):
         return type(value)({k: _map(fn, v) for k, v in value.items()})
     if isinstance(value, (tuple, list)):
@@ -31,67 +45,158 @@ def _map(fn: Callable, value: Any) -> Any:
     return fn(value) if value is not None else None
 
 
-def _concat(a: Any, b: Any) -> Any:
-    """Concatenate nested tensors/arrays along dim 0, padding dim 1 with -100 when lengths differ."""
-    if a is None:
-        return b
-    if isinstance(a, Mapping):
-        return type(a)({k: _concat(a[k], b[k]) for k in a})
-    if isinstance(a, (tuple, list)):
-        return type(a)(_concat(x, y) for x, y in zip(a, b))
-    if a.ndim < 2 or a.shape[1] == b.shape[1]:
-        return np.concatenate([a, b], axis=0)
-    width = max(a.shape[1], b.shape[1])
-    out = np.full((a.shape[0] + b.shape[0], width, *a.shape[2:]), PAD_INDEX, dtype=np.result_type(a, b))
-    out[: a.shape[0], : a.shape[1]] = a
-    out[a.shape[0] :, : b.shape[1]] = b
+def _first_tensor(value: Any) -> Any:
+    while isinstance(value, (tuple, list, Mapping)):
+        items = list(value.values()) if isinstance(value, Mapping) else list(value)
+        value = next((v for v in items if v is not None), None)
+    return value
+
+
+def batch_rows(inputs: Any) -> int:
+    """Rows of a batch: the first dimension of its first tensor."""
+    first = _first_tensor(inputs)
+    return int(first.shape[0]) if first is not None and getattr(first, "ndim", 0) > 0 else 1
+
+
+def _concat_all(chunks: list) -> Any:
+    """Concatenate nested arrays along dim 0 in one allocation, padding dim 1 with -100 when lengths differ."""
+    first = chunks[0]
+    if first is None:
+        return None
+    if isinstance(first, Mapping):
+        return type(first)({k: _concat_all([c[k] for c in chunks]) for k in first})
+    if isinstance(first, (tuple, list)):
+        return type(first)(_concat_all([c[i] for c in chunks]) for i in range(len(first)))
+    if first.ndim < 2 or all(c.shape[1] == first.shape[1] for c in chunks):
+        return np.concatenate(chunks, axis=0)
+    width = max(c.shape[1] for c in chunks)
+    out = np.full((sum(c.shape[0] for c in chunks), width, *first.shape[2:]), PAD_INDEX,
+                  dtype=np.result_type(*chunks))
+    row = 0
+    for c in chunks:
+        out[row : row + c.shape[0], : c.shape[1]] = c
+        row += c.shape[0]
     return out
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
+def _to_numpy(t: Any) -> Any:
+    if not torch.is_tensor(t):
+        return t
     t = t.detach().cpu()
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
-class Collector:
-    """Keeps gathered predictions and labels, at most ``accumulation_steps`` batches on the device.
+def with_last(iterable: Iterable) -> Iterator[tuple[Any, bool]]:
+    """Yield ``(item, is_last)``, looking one item ahead."""
+    iterator = iter(iterable)
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield current, False
+        current = following
+    yield current, True
 
-    Args:
-        backend: gathers across processes.
-        accumulation_steps: batches kept on the device before moving to the CPU (None: every batch).
-        num_samples: the dataset length, to drop padded duplicates; None for iterable datasets.
+
+def padding_marker(dataloader: Any) -> Callable[[int], bool]:
+    """``f(step)``: whether this process's batch at ``step`` is padding (always False for other samplers)."""
+    return getattr(getattr(dataloader, "batch_sampler", None), "is_padding", lambda step: False)
+
+
+class Gatherer:
+    """Gathers one step's outputs from all processes in process order, keeping only real rows.
+
+    Each process sends how many of its rows are real (0 for a padding batch); tensors are padded
+    to common shapes (rows and dim 1, with -100), gathered, and the padding rows dropped.
     """
 
-    def __init__(self, backend: Any, accumulation_steps: int | None, num_samples: int | None):
-        self.backend, self.every, self.num_samples = backend, accumulation_steps or 1, num_samples
-        self.device_batches: list[tuple[Any, Any]] = []
-        self.host: list[Any] = [None, None]
-        self.num_seen = 0
+    def __init__(self, backend: Any):
+        self.backend = backend
 
-    def add(self, logits: Any, labels: Any) -> None:
-        gather = lambda t: self.backend.gather(self.backend.pad_across_processes(t))  # noqa: E731
-        logits, labels = _map(gather, logits), _map(gather, labels)
-        first = labels if labels is not None else logits
-        while isinstance(first, (tuple, list, Mapping)):
-            first = next(iter(first.values())) if isinstance(first, Mapping) else first[0]
-        self.num_seen += first.shape[0] if first is not None else 0
-        self.device_batches.append((logits, labels))
-        if len(self.device_batches) >= self.every:
+    def __call__(self, step_outputs: dict[str, Any], real_rows: int) -> dict[str, Any]:
+        if self.backend.world_size == 1:
+            return step_outputs
+        backend = self.backend
+        counts = backend.gather(torch.tensor([real_rows], device=backend.device)).tolist()
+
+        def gather_one(t: torch.Tensor) -> torch.Tensor:
+            if not torch.is_tensor(t) or t.dim() == 0:
+                return t
+            t = backend.pad_across_processes(backend.pad_across_processes(t, dim=0), dim=1)
+            block = t.shape[0]
+            gathered = backend.gather(t)
+            keep = torch.cat([torch.arange(r * block, r * block + n) for r, n in enumerate(counts)])
+            return gathered[keep.to(gathered.device)]
+
+        return {name: _map(gather_one, value) for name, value in step_outputs.items()}
+
+
+class Collector:
+    """Keeps gathered step outputs: at most ``accumulation_steps`` steps on the device, the rest on the CPU.
+
+    Args:
+        accumulation_steps: steps kept on the device before moving to the CPU (None: every step).
+        concat: concatenate the batches (padding dim 1 with -100); False keeps a list of batches.
+    """
+
+    def __init__(self, accumulation_steps: int | None, concat: bool = True):
+        self.every, self.concat = accumulation_steps or 1, concat
+        self.device_steps: list[dict[str, Any]] = []
+        self.host: dict[str, list] = {}
+        self.max_device_steps = 0  # the most steps ever held on the device (reported by the memory test)
+
+    def add(self, step_outputs: dict[str, Any]) -> None:
+        self.device_steps.append(step_outputs)
+        self.max_device_steps = max(self.max_device_steps, len(self.device_steps))
+        if len(self.device_steps) >= self.every:
             self._to_host()
 
     def _to_host(self) -> None:
-        for logits, labels in self.device_batches:
-            for i, value in enumerate((logits, labels)):
+        for step in self.device_steps:
+            for name, value in step.items():
                 if value is not None:
-                    self.host[i] = _concat(self.host[i], _map(_to_numpy, value))
-        self.device_batches.clear()
+                    self.host.setdefault(name, []).append(_map(_to_numpy, value))
+        self.device_steps.clear()
 
-    def result(self) -> tuple[Any, Any]:
+    def result(self) -> dict[str, Any]:
+        """Each field as one array (or nested arrays), or a list of per-step arrays without ``concat``."""
         self._to_host()
-        if self.num_samples is None:
-            return tuple(self.host)
-        truncate = lambda a: a[: self.num_samples]  # noqa: E731
-        return tuple(_map(truncate, v) if v is not None else None for v in self.host)
+        return {name: (_concat_all(chunks) if self.concat else chunks) for name, chunks in self.host.items()}
+
+
+class ItemMean:
+    """The eval loss: batch mean losses weighted by their item counts, summed over processes, divided once."""
+
+    def __init__(self, device: torch.device):
+        self.sum = torch.zeros((), device=device, dtype=torch.float64)
+        self.items = torch.zeros((), device=device, dtype=torch.float64)
+
+    def add(self, batch_loss: torch.Tensor, items: torch.Tensor) -> None:
+        items = items.to(self.items.device, torch.float64)
+        # a batch without items (every label masked) has a NaN mean: it adds nothing
+        self.sum += torch.where(items > 0, batch_loss.double() * items, torch.zeros_like(self.sum))
+        self.items += items
+
+    def result(self, backend: Any) -> float | None:
+        items = backend.reduce_sum(self.items)  # collectives: every process calls them
+        total = backend.reduce_sum(self.sum)
+        return (total / items).item() if items.item() > 0 else None
+
+
+def call_compute_metrics(compute_metrics: Callable, outputs: dict[str, Any], compute_result: bool | None = None) -> dict:
+    """``compute_metrics(EvalPrediction(...))``; with ``compute_result`` (batch_eval_metrics) it is passed on.
+
+    Errors raised inside are re-raised naming the function.
+    """
+    prediction = EvalPrediction(**{name: outputs.get(name) for name in FIELDS})
+    kwargs = {} if compute_result is None else {"compute_result": compute_result}
+    try:
+        metrics = compute_metrics(prediction, **kwargs)
+    except Exception as e:
+        name = getattr(compute_metrics, "__name__", type(compute_metrics).__name__)
+        raise RuntimeError(f"compute_metrics ({name}) raised {type(e).__name__}: {e}") from e
+    return denumpify_detensorize(dict(metrics or {}))
 
 
 def outputs_to_logits(outputs: Any, skip: set[str], had_loss: bool) -> Any:
@@ -102,20 +207,39 @@ def outputs_to_logits(outputs: Any, skip: set[str], had_loss: bool) -> Any:
         values = tuple(outputs[1:] if had_loss else outputs)
     else:
         values = (outputs,)
+    values = _map(lambda t: t.detach() if torch.is_tensor(t) else t, values)
     if not values:
         return None
     return values[0] if len(values) == 1 else values
 
 
-def call_compute_metrics(compute_metrics: Callable, predictions: Any, label_ids: Any) -> dict[str, float]:
-    try:
-        metrics = compute_metrics(EvalPrediction(predictions=predictions, label_ids=label_ids))
-    except Exception as e:
-        name = getattr(compute_metrics, "__name__", type(compute_metrics).__name__)
-        raise RuntimeError(f"compute_metrics ({name}) raised {type(e).__name__}: {e}") from e
-    return denumpify_detensorize(dict(metrics))
-
-
 def prefix_metrics(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     """``accuracy`` -> ``eval_accuracy``; keys already prefixed stay as they are."""
     return {(k if k.startswith(f"{prefix}_") else f"{prefix}_{k}"): v for k, v in metrics.items()}
+
+
+# ---------------------------------------------------------------- best metric
+
+
+def best_metric_value(metrics: dict[str, float], metric_for_best_model: str) -> float:
+    """The value of ``metric_for_best_model`` (``eval_`` added when missing) in ``metrics``.
+
+    Raises:
+        KeyError: naming the metric and the keys that exist.
+    """
+    name = metric_for_best_model if metric_for_best_model.startswith("eval_") else f"eval_{metric_for_best_model}"
+    if name not in metrics:
+        raise KeyError(
+            f"metric_for_best_model={metric_for_best_model!r} looks for {name!r}, which the evaluation did not "
+            f"report; it reported {sorted(metrics)}. Set metric_for_best_model to one of them (with or without 'eval_')"
+        )
+    return float(metrics[name])
+
+
+def is_improvement(value: float, best: float | None, greater_is_better: bool) -> bool:
+    """Whether ``value`` beats ``best`` (None: nothing yet) in the metric's direction; NaN never does."""
+    if math.isnan(value):
+        return False
+    if best is None:
+        return True
+    return value > best if greater_is_better else value < best

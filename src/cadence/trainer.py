@@ -226,7 +226,7 @@ class Trainer:
         logger.info("columns not accepted by %s.forward, removed: %s", type(self.model).__name__, ", ".join(dropped))
         return data.RemoveColumnsCollator(self.data_collator, accepted)
 
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool) -> DataLoader:
+    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, evaluation: bool = False) -> DataLoader:
         args = self.args
         kwargs: dict[str, Any] = dict(
             batch_size=batch_size,
@@ -239,7 +239,11 @@ class Trainer:
         )
         if args.dataloader_num_workers > 0 and args.dataloader_prefetch_factor is not None:
             kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
-        if not data.is_iterable_dataset(dataset):
+        if evaluation and not data.is_iterable_dataset(dataset):  # dataset order over processes, padding marked
+            kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, args.process_index,
+                                                            args.world_size, kwargs.pop("drop_last"))
+            del kwargs["batch_size"]
+        elif not data.is_iterable_dataset(dataset):
             seed = args.data_seed if args.data_seed is not None else args.seed
             kwargs["sampler"] = data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
         return DataLoader(dataset, **kwargs)
@@ -258,11 +262,11 @@ class Trainer:
         if eval_dataset is None:
             raise ValueError("evaluation needs an eval_dataset: pass it to Trainer or to evaluate()")
         data.check_dataset(eval_dataset, "eval_dataset")
-        return self._dataloader(eval_dataset, self.args.eval_batch_size, shuffle=False)
+        return self._dataloader(eval_dataset, self.args.eval_batch_size, shuffle=False, evaluation=True)
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         data.check_dataset(test_dataset, "test_dataset")
-        return self._dataloader(test_dataset, self.args.eval_batch_size, shuffle=False)
+        return self._dataloader(test_dataset, self.args.eval_batch_size, shuffle=False, evaluation=True)
 
     # ------------------------------------------------------------------ optimizer and scheduler
 
@@ -611,9 +615,11 @@ class Trainer:
             return metrics
         dataloader = self.get_eval_dataloader(eval_dataset)
         start = time.time()
-        output = self.evaluation_loop(dataloader, "Evaluation", None, ignore_keys, metric_key_prefix)
+        # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
+        output = self.evaluation_loop(dataloader, "Evaluation", True if self.compute_metrics is None else None,
+                                      ignore_keys, metric_key_prefix)
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
-                                            num_steps=math.ceil(output.num_samples / self.args.eval_batch_size)))
+                                            num_steps=math.ceil(output.num_samples / (self.args.eval_batch_size * self.args.world_size))))
         self.log(output.metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
         return output.metrics
@@ -627,51 +633,68 @@ class Trainer:
         """
         dataloader = self.get_test_dataloader(test_dataset)
         start = time.time()
-        output = self.evaluation_loop(dataloader, "Prediction", False, ignore_keys, metric_key_prefix)
+        output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
-                                            num_steps=math.ceil(output.num_samples / self.args.eval_batch_size)))
+                                            num_steps=math.ceil(output.num_samples / (self.args.eval_batch_size * self.args.world_size))))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
         return PredictionOutput(output.predictions, output.label_ids, output.metrics)
 
     def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
-        """Run ``prediction_step`` over ``dataloader``; the loss is the mean over all items.
+        """Run ``prediction_step`` over ``dataloader``: gathered predictions, metrics, the exact item-mean loss.
 
-        Each batch's mean loss is weighted by its item count, so the result does not depend on the
-        eval batch size. Predictions move to the CPU every ``eval_accumulation_steps`` batches.
+        See ``evaluation``'s docstring for how the loss is computed and what stays in memory.
         """
         args = self.args
         if prediction_loss_only is None:
-            prediction_loss_only = args.prediction_loss_only or self.compute_metrics is None
+            prediction_loss_only = args.prediction_loss_only
         model = self.model_wrapped if self.model_wrapped is not self.model else self.backend.prepare_model(self.model)
         model.eval()
         self.callback_handler.eval_dataloader = dataloader
-        num_samples = len(dataloader.dataset) if has_length(dataloader.dataset) else None
-        collected = evaluation.Collector(self.backend, args.eval_accumulation_steps, num_samples)
-        loss_sum = torch.zeros((), device=self.backend.device, dtype=torch.float64)
-        items = torch.zeros((), device=self.backend.device, dtype=torch.float64)
-        for inputs in dataloader:
+        per_batch = args.batch_eval_metrics and description != "Prediction"  # metrics per batch, nothing kept
+        is_padding = evaluation.padding_marker(dataloader)
+        gather = evaluation.Gatherer(self.backend)
+        collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches)
+        loss_mean = evaluation.ItemMean(self.backend.device)
+        metrics: dict[str, float] | None = None
+        observed = 0
+        for step, (inputs, is_last) in enumerate(evaluation.with_last(dataloader)):
             inputs = self._prepare_inputs(inputs)
             loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
-            if loss is not None:
-                n = self._eval_items(inputs, loss)
-                loss_sum += loss.double() * n
-                items += n
+            rows = evaluation.batch_rows(inputs)
+            real_rows = 0 if is_padding(step) else rows
+            observed += real_rows
+            if loss is not None and real_rows:
+                loss_mean.add(loss, self._eval_items(inputs, loss))
             if not prediction_loss_only:
                 if self.preprocess_logits_for_metrics is not None and logits is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
-                collected.add(logits, labels)
+                outputs = gather(self._metric_inputs(inputs, loss, logits, labels, rows), real_rows)
+                if not per_batch:
+                    collected.add(outputs)
+                elif self.compute_metrics is not None and logits is not None and labels is not None:
+                    metrics = evaluation.call_compute_metrics(self.compute_metrics, outputs, compute_result=is_last)
             self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
-        predictions, label_ids = collected.result()
-        metrics: dict[str, float] = {}
-        if self.compute_metrics is not None and predictions is not None and label_ids is not None:
-            metrics = evaluation.call_compute_metrics(self.compute_metrics, predictions, label_ids)
-        total_items = self.backend.reduce_sum(items)
-        if total_items.item() > 0:
-            metrics["loss"] = (self.backend.reduce_sum(loss_sum) / total_items).item()
+        result = collected.result()
+        predictions, label_ids = result.get("predictions"), result.get("label_ids")
+        if not per_batch and self.compute_metrics is not None and predictions is not None and label_ids is not None:
+            metrics = evaluation.call_compute_metrics(self.compute_metrics, result)
+        metrics = metrics or {}
+        mean = loss_mean.result(self.backend)
+        if mean is not None:
+            metrics["loss"] = mean
         metrics = evaluation.prefix_metrics(metrics, metric_key_prefix)
-        seen = collected.num_seen if num_samples is None else num_samples
-        return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=seen)
+        num_samples = len(dataloader.dataset) if has_length(dataloader.dataset) else observed * self.backend.world_size
+        return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
+
+    def _metric_inputs(self, inputs: Any, loss, logits, labels, rows: int) -> dict[str, Any]:
+        """One step's predictions and labels, plus what ``include_for_metrics`` asks for (a loss per row)."""
+        step = {"predictions": logits, "label_ids": labels}
+        if "inputs" in self.args.include_for_metrics and isinstance(inputs, Mapping):
+            step["inputs"] = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
+        if "loss" in self.args.include_for_metrics and loss is not None:
+            step["losses"] = loss.detach().reshape(1).repeat(rows)
+        return step
 
     def _eval_items(self, inputs: Any, loss: torch.Tensor) -> torch.Tensor:
         """Items behind one batch's mean loss: counted labels, else the batch size."""
@@ -692,15 +715,19 @@ class Trainer:
             ignore_keys: output keys to drop from the logits.
         """
         has_labels = isinstance(inputs, Mapping) and all(inputs.get(k) is not None for k in self.label_names)
-        if ignore_keys is None:
-            ignore_keys = list(getattr(getattr(self.model, "config", None), "keys_to_ignore_at_inference", []) or [])
+        if ignore_keys is None:  # HF's default: the config's list, else ["cache"]; no config, nothing
+            config = getattr(self.model, "config", None)
+            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["cache"]) or []) if config is not None else []
         labels = None
         if has_labels:
             labels = tuple(inputs[k].detach() for k in self.label_names)
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad():
             if has_labels:
-                loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+                items = None  # the batch's own item count, as in training (a compute_loss_func divides by it)
+                if isinstance(inputs.get("labels"), torch.Tensor):
+                    items = data.count_items(inputs["labels"], self._shifts_labels)
+                loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=items)
                 loss = loss.detach().mean()
                 skip = {"loss", *ignore_keys}
             else:
