@@ -129,3 +129,42 @@ class LMDataset(Dataset):
     def __getitem__(self, i):
         ids, labels = self.rows[i]
         return {"input_ids": ids, "labels": labels}
+
+
+class ClassDataset(Dataset):
+    """Rows {"x": 4 features, "labels": one of 3 classes}."""
+
+    def __init__(self, length: int = 10, seed: int = 3):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(length, 4, generator=g)
+        self.y = torch.randint(0, 3, (length,), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class Classifier(nn.Module):
+    """A linear 3-class classifier; returns a dict (loss, logits) like a transformers model."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, labels=None):
+        logits = self.lin(x)
+        if labels is None:
+            return {"logits": logits}
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def lm_collate(features):
+    """Pad input_ids with 0 (attention_mask marks real tokens) and labels with -100."""
+    batch = pad_collate(features)
+    batch["attention_mask"] = torch.zeros_like(batch["input_ids"])
+    for i, f in enumerate(features):
+        batch["attention_mask"][i, : len(f["input_ids"])] = 1
+    return batch

@@ -242,9 +242,13 @@ def loss_shifts_labels(model: torch.nn.Module) -> bool:
     if getattr(config, "is_encoder_decoder", False):
         return False
     try:
-        return getattr(model, "loss_type", None) == "ForCausalLM"
+        loss_type = getattr(model, "loss_type", None)
     except Exception:  # some HF models compute loss_type from a config that may be incomplete
         return False
+    if loss_type is None:  # older architectures (GPT2LMHeadModel, ...) have none and fall back to the causal-LM loss
+        name = type(model).__name__
+        return name.endswith(("ForCausalLM", "LMHeadModel"))
+    return loss_type == "ForCausalLM"
 
 
 def is_iterable_dataset(dataset: Any) -> bool:
