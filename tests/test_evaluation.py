@@ -236,3 +236,11 @@ def test_empty_eval_dataset_is_a_clear_error(out_dir):
         trainer.evaluate(RegressionDataset(0))
     with pytest.raises(ValueError, match="test_dataset is empty"):
         trainer.predict(RegressionDataset(0))
+
+
+def test_gpt2_style_lm_head_shifts_labels():
+    from cadence.data import loss_shifts_labels
+
+    model = tiny_gpt2()
+    assert getattr(model, "loss_type", None) is None  # transformers gives GPT2LMHeadModel no loss type
+    assert loss_shifts_labels(model) is True and loss_shifts_labels(Classifier()) is False
