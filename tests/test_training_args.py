@@ -312,10 +312,7 @@ def test_greater_is_better_default_matches_transformers(hf, metric, greater):
     )
 
 
-def test_best_model_settings_pass_the_combination_checks(monkeypatch):
-    # load_best_model_at_end and save_strategy="best" are refused until built; the rules before that still hold.
-    monkeypatch.delitem(ta._NOT_YET_BUILT, "load_best_model_at_end")
-    monkeypatch.delitem(ta._NOT_YET_BUILT, "save_strategy=best")
+def test_best_model_settings_pass_the_combination_checks():
     args = TrainingArguments(load_best_model_at_end=True, eval_strategy="steps", eval_steps=100, save_steps=300)
     assert (args.metric_for_best_model, args.greater_is_better) == ("loss", False)
     args = TrainingArguments(load_best_model_at_end=True, eval_strategy="steps", save_strategy="best")
@@ -344,7 +341,7 @@ _ON_VALUE = {
     "debug": "underflow_overflow",
     "optim_target_modules": ["attn"],
 }
-_CONTEXT = {"load_best_model_at_end": {"eval_strategy": "steps"}}
+_CONTEXT: dict = {}
 
 
 def _on_value(key):

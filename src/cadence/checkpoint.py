@@ -47,6 +47,30 @@ def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, proces
         processing_class.save_pretrained(folder)
 
 
+def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Load ``folder/model.safetensors`` into ``model`` in place (safetensors: no code can run).
+
+    A key may be missing only when its tensor is tied to a loaded one (tied weights are stored once).
+
+    Raises:
+        FileNotFoundError: when the folder has no ``model.safetensors``.
+        ValueError: naming missing or unexpected keys.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(folder) / WEIGHTS_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} in {folder}: cannot load its weights")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    state = load_file(str(path), device=str(device))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded_storage = {own[k].data_ptr() for k in state if k in own}
+    missing = [k for k in missing if own[k].data_ptr() not in loaded_storage]
+    if missing or unexpected:
+        raise ValueError(f"{path} does not match {type(model).__name__}: missing {missing}, unexpected {unexpected}")
+
+
 def _fsync_tree(folder: Path) -> None:
     for path in folder.rglob("*"):
         if path.is_file():

@@ -435,6 +435,8 @@ class Trainer:
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = train_loss
         self.log(metrics)
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            self._load_best_model()
         self.model.eval()
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
         return TrainOutput(self.state.global_step, train_loss, metrics)
@@ -543,6 +545,9 @@ class Trainer:
             if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 name = self.args.metric_for_best_model or "loss"
                 self.lr_scheduler.step(metrics[name if name.startswith("eval_") else f"eval_{name}"])
+            is_new_best = self._determine_best_metric(metrics)
+            if self.args.save_strategy == "best":  # save exactly when the evaluation improved
+                self.control.should_save = is_new_best
         if self.control.should_save:
             self._save_checkpoint(model)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
@@ -564,9 +569,26 @@ class Trainer:
         self.model_wrapped.train()
         return metrics
 
+    def _determine_best_metric(self, metrics: dict[str, float], trial: Any = None) -> bool:
+        """Update ``state.best_metric`` / ``best_global_step`` from an evaluation; True on a new best."""
+        if self.args.metric_for_best_model is None:
+            return False
+        value = evaluation.best_metric_value(metrics, self.args.metric_for_best_model)
+        if not evaluation.is_improvement(value, self.state.best_metric, self.args.greater_is_better):
+            return False
+        self.state.best_metric = value
+        if self.args.save_strategy in ("steps", "epoch", "best"):
+            self.state.best_global_step = self.state.global_step
+        return True
+
     def _save_checkpoint(self, model: nn.Module) -> Path:
         """Write ``checkpoint-{global_step}`` atomically (main process), then rotate."""
         folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        best_step = self.state.best_global_step
+        if best_step and self.args.save_strategy in ("steps", "epoch", "best"):
+            best = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
+            if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
+                self.state.best_model_checkpoint = str(best)
         if self.args.should_save:
             def write(tmp: Path) -> None:
                 checkpoint.save_model_weights(self.backend.unwrap(self.model), tmp, self.processing_class)
@@ -584,6 +606,12 @@ class Trainer:
         if self.args.should_save:
             checkpoint.rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint, folder)
         return folder
+
+    def _load_best_model(self) -> None:
+        """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
+        logger.info("loading the best model from %s (%s=%s)", self.state.best_model_checkpoint,
+                    self.args.metric_for_best_model, self.state.best_metric)
+        checkpoint.load_model_weights(self.backend.unwrap(self.model), self.state.best_model_checkpoint)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""

@@ -833,8 +833,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "eval_use_gather_object": "gathering non-tensor outputs",
     "enable_jit_checkpoint": "HF's SIGTERM checkpoint switch",
     "push_to_hub": "pushing to the Hugging Face Hub",
-    "load_best_model_at_end": "reloading the best checkpoint",
-    "save_strategy=best": "saving on a new best metric",
     "train_sampling_strategy=group_by_length": "the length-grouped sampler",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "restore_callback_states_from_checkpoint": "restoring callback states",
