@@ -31,3 +31,33 @@ def test_two_processes_equal_one(model, tmp_path):
     assert two["losses"] == pytest.approx(one["losses"], abs=1e-9)
     for name, value in one["weights"].items():
         assert torch.allclose(two["weights"][name], value, atol=1e-9, rtol=0), name
+
+
+def launch_eval(nproc, out, batch):
+    src = os.path.join(os.path.dirname(HERE), "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
+    script = [os.path.join(HERE, "ddp_eval_worker.py"), out, str(batch)]
+    cmd = [sys.executable, *script]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *script]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.mark.slow
+def test_two_process_evaluation_equals_one(tmp_path):
+    one = launch_eval(1, str(tmp_path / "one.pt"), batch=3)
+    two = launch_eval(2, str(tmp_path / "two.pt"), batch=3)
+    # dataset order, padded duplicates dropped: the same rows, bit for bit
+    assert torch.equal(one["predictions"], two["predictions"]) and torch.equal(one["label_ids"], two["label_ids"])
+    assert one["predictions"].shape[0] == 19
+    for key in ("eval_accuracy", "eval_rows", "eval_loss_rows"):
+        assert two["metrics"][key] == one["metrics"][key], key
+    assert one["metrics"]["eval_rows"] == 19
+    assert two["metrics"]["eval_loss"] == pytest.approx(one["metrics"]["eval_loss"], rel=1e-12)
+    assert two["test_metrics"]["test_loss"] == pytest.approx(one["metrics"]["eval_loss"], rel=1e-12)
+    # batch_eval_metrics: 7 batches on one process, 4 gathered steps on two; the same accuracy
+    assert one["flags"] == [False] * 6 + [True] and two["flags"] == [False] * 3 + [True]
+    assert two["batched"]["eval_accuracy"] == one["batched"]["eval_accuracy"] == one["metrics"]["eval_accuracy"]
+    assert two["batched"]["eval_loss"] == pytest.approx(one["metrics"]["eval_loss"], rel=1e-12)
