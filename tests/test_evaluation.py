@@ -244,3 +244,13 @@ def test_gpt2_style_lm_head_shifts_labels():
     model = tiny_gpt2()
     assert getattr(model, "loss_type", None) is None  # transformers gives GPT2LMHeadModel no loss type
     assert loss_shifts_labels(model) is True and loss_shifts_labels(Classifier()) is False
+
+
+def test_predict_with_batch_eval_metrics_returns_predictions_and_per_batch_metrics(out_dir):
+    ds = TokenDataset(10)
+    metric = BatchMetrics()
+    trainer = Trainer(TokenTagger(), make_args(out_dir, per_device_eval_batch_size=4, batch_eval_metrics=True),
+                      data_collator=pad_collate, compute_metrics=metric)
+    out = trainer.predict(ds)
+    assert metric.calls == [False, False, True] and "test_accuracy" in out.metrics
+    assert out.predictions.shape[0] == 10 and out.label_ids.shape[0] == 10

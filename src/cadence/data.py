@@ -4,6 +4,8 @@ The training order is the one `transformers.Trainer` gives for the same seed: ep
 permutation ``torch.randperm(n, generator=Generator().manual_seed(seed + e))`` (what accelerate's
 seedable sampler draws), and with N processes, process ``r`` takes every N-th index starting at ``r``,
 so that the N per-process batches of a step hold exactly the samples of the one-process batch.
+Evaluation keeps dataset order instead: process ``r`` takes whole batches ``r, r+N, ...`` of the
+one-process batch list (``EvalBatchSampler``), and the batch that only pads is marked, not counted.
 """
 
 from __future__ import annotations

@@ -679,7 +679,8 @@ class Trainer:
         model = self.model_wrapped if self.model_wrapped is not self.model else self.backend.prepare_model(self.model)
         model.eval()
         self.callback_handler.eval_dataloader = dataloader
-        per_batch = args.batch_eval_metrics and description != "Prediction"  # metrics per batch, nothing kept
+        per_batch = args.batch_eval_metrics  # compute_metrics per batch; evaluation then keeps nothing
+        keep = not per_batch or description == "Prediction"  # predict() returns the predictions regardless
         is_padding = evaluation.padding_marker(dataloader)
         gather = evaluation.Gatherer(self.backend)
         collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches)
@@ -698,9 +699,9 @@ class Trainer:
                 if self.preprocess_logits_for_metrics is not None and logits is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
                 outputs = gather(self._metric_inputs(inputs, loss, logits, labels, rows), real_rows)
-                if not per_batch:
+                if keep:
                     collected.add(outputs)
-                elif self.compute_metrics is not None and logits is not None and labels is not None:
+                if per_batch and self.compute_metrics is not None and logits is not None and labels is not None:
                     metrics = evaluation.call_compute_metrics(self.compute_metrics, outputs, compute_result=is_last)
             self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
         result = collected.result()
