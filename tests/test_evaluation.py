@@ -254,3 +254,16 @@ def test_predict_with_batch_eval_metrics_returns_predictions_and_per_batch_metri
     out = trainer.predict(ds)
     assert metric.calls == [False, False, True] and "test_accuracy" in out.metrics
     assert out.predictions.shape[0] == 10 and out.label_ids.shape[0] == 10
+
+
+def test_eval_batch_sampler_gives_whole_batches_in_dataset_order():
+    from cadence.data import EvalBatchSampler
+
+    ranks = [EvalBatchSampler(11, 3, rank=r, world_size=2) for r in range(2)]
+    assert [list(s) for s in ranks] == [[[0, 1, 2], [6, 7, 8]], [[3, 4, 5], [9, 10]]]
+    ranks = [EvalBatchSampler(7, 3, rank=r, world_size=2) for r in range(2)]  # 3 batches on 2 processes
+    assert [list(s) for s in ranks] == [[[0, 1, 2], [6]], [[3, 4, 5], [0, 1, 2]]]
+    assert [ranks[1].is_padding(k) for k in range(2)] == [False, True] and not ranks[0].is_padding(1)
+    gathered = [i for k in range(2) for s in ranks if not s.is_padding(k) for i in list(s)[k]]
+    assert gathered == list(range(7))
+    assert list(EvalBatchSampler(7, 3, drop_last=True)) == [[0, 1, 2], [3, 4, 5]]
