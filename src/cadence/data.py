@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 
@@ -64,49 +65,155 @@ class EpochSampler(Sampler[int]):
 # ---------------------------------------------------------------- collators
 
 
-def _to_tensor(values: list) -> torch.Tensor:
+def _as_mapping(sample: Any) -> Any:
+    """HF's rule: a dataclass or plain object sample (e.g. ``InputFeatures``) is read as its fields."""
+    if isinstance(sample, Mapping) or isinstance(sample, (tuple, list, torch.Tensor, np.ndarray)):
+        return sample
+    return vars(sample) if hasattr(sample, "__dict__") else sample
+
+
+def _check_same_keys(features: list[Mapping]) -> None:
+    """Every sample of a batch has the keys of the first; else an error naming the sample and the keys."""
+    keys = features[0].keys()
+    for i, f in enumerate(features[1:], start=1):
+        if f.keys() != keys:
+            missing, extra = sorted(set(keys) - set(f)), sorted(set(f) - set(keys))
+            raise ValueError(
+                f"sample {i} of the batch has different keys from sample 0 (missing {missing}, extra {extra}): every "
+                "sample must have the same fields; fix the dataset's __getitem__ or drop the field in a collator"
+            )
+
+
+def _field_error(key: str, values: list, error: Exception) -> ValueError:
+    """Why the values of one field cannot become one tensor, naming the field and the first odd sample."""
+    for i, v in enumerate(values):
+        if isinstance(v, str) or (isinstance(v, (list, tuple)) and any(isinstance(x, str) for x in v)):
+            return ValueError(
+                f"field '{key}' of sample {i} of the batch holds text ({v!r:.60}), not numbers: tokenize it in the "
+                "dataset, or drop the field (remove_unused_columns=True drops fields the model does not accept)"
+            )
+    shapes = [tuple(np.shape(v)) for v in values]
+    for i, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            return ValueError(
+                f"field '{key}': sample {i} of the batch has shape {shape} but sample 0 has {shapes[0]}, so they cannot "
+                "be stacked; pad them with a padding collator (data_collator=DataCollatorWithPadding(tokenizer) or "
+                "processing_class=tokenizer), or make the samples the same size"
+            )
+    return ValueError(f"cannot stack field '{key}' into a batch tensor: {error}")
+
+
+def _to_tensor(key: str, values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
     first = values[0]
-    if isinstance(first, torch.Tensor):
-        return torch.stack(values)
-    if isinstance(first, np.ndarray):
-        return torch.from_numpy(np.stack(values))
-    return torch.tensor(values)
+    try:
+        if isinstance(first, torch.Tensor):
+            return torch.stack(values)
+        if isinstance(first, np.ndarray):
+            return torch.from_numpy(np.stack(values))
+        return torch.tensor(values, dtype=dtype)
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise _field_error(key, values, e) from e
 
 
-def default_data_collator(features: list) -> dict[str, Any]:
+def _labels(key: str, values: list) -> torch.Tensor:
+    """HF's label types: ``label`` ids become int64 (float32 for other numbers); ``label_ids`` keep a
+    tensor's dtype, and a list's type follows its first element."""
+    first = values[0]
+    if key == "label_ids" and isinstance(first, (torch.Tensor, np.ndarray)):
+        return _to_tensor(key, values)
+    probe = first.reshape(-1)[0].item() if isinstance(first, (torch.Tensor, np.ndarray)) and np.size(first) else first
+    if isinstance(probe, (list, tuple)):
+        probe = probe[0] if probe else 0
+    is_int = isinstance(probe, (int, np.integer))  # bool is an int here, as in HF
+    dtype = torch.long if is_int else torch.float
+    return _to_tensor(key, values).to(dtype) if isinstance(first, (torch.Tensor, np.ndarray)) else _to_tensor(key, values, dtype)
+
+
+def default_data_collator(features: list, return_tensors: str = "pt") -> Any:
     """Stack a list of samples (dicts of tensors, arrays, numbers or lists) into one batch dict.
 
-    ``label`` and ``label_ids`` become ``labels`` (HF's rule); ``None`` values and strings are left
-    out of the tensors. Samples that are not mappings go through torch's ``default_collate``.
+    HF's rules: ``label`` and ``label_ids`` become ``labels`` (int64 for integer ids, float32
+    otherwise); fields that are ``None`` or strings in the first sample are left out. Samples that
+    are dataclasses are read as their fields; tuples and tensors go through torch's ``default_collate``.
+
+    Args:
+        features: the samples of one batch.
+        return_tensors: only ``"pt"`` (HF's other values are for TensorFlow/numpy pipelines).
+
+    Returns:
+        a dict of tensors (or the ``default_collate`` result for non-dict samples).
 
     Example:
         >>> default_data_collator([{"x": [1, 2], "label": 0}, {"x": [3, 4], "label": 1}])["labels"]
         tensor([0, 1])
     """
+    if return_tensors != "pt":
+        raise ValueError(f"default_data_collator(return_tensors={return_tensors!r}): cadence collates to torch tensors only; pass 'pt'")
+    features = [_as_mapping(f) for f in features]
     if not isinstance(features[0], Mapping):
         return torch.utils.data.default_collate(features)
+    _check_same_keys(features)
     batch: dict[str, Any] = {}
     for key, value in features[0].items():
         if value is None or isinstance(value, str):
             continue
-        name = "labels" if key in ("label", "label_ids") else key
-        try:
-            batch[name] = _to_tensor([f[key] for f in features])
-        except (ValueError, RuntimeError, TypeError) as e:
-            raise ValueError(
-                f"cannot stack field '{key}' into a batch ({e}); samples of different lengths need a padding "
-                "collator: pass data_collator=DataCollatorWithPadding(...) or a processing_class with pad_token_id"
-            ) from e
+        values = [f[key] for f in features]
+        if key in ("label", "label_ids"):
+            if "labels" in batch:
+                continue  # HF keeps the first label field only
+            batch["labels"] = _labels(key, values)
+        else:
+            batch[key] = _to_tensor(key, values)
     return batch
 
 
+class DefaultDataCollator:
+    """The class form of ``default_data_collator`` (HF's ``DefaultDataCollator``).
+
+    Example:
+        >>> DefaultDataCollator()([{"x": 1.0}, {"x": 2.0}])["x"]
+        tensor([1., 2.])
+    """
+
+    def __init__(self, return_tensors: str = "pt"):
+        self.return_tensors = return_tensors
+
+    def __call__(self, features: list, return_tensors: str | None = None) -> Any:
+        return default_data_collator(features, return_tensors or self.return_tensors)
+
+
+def _longest(lengths: list[int], max_length: int | None) -> int:
+    return max(lengths)
+
+
+def _to_max_length(lengths: list[int], max_length: int | None) -> int:
+    if max_length is None:
+        raise ValueError("DataCollatorWithPadding(padding='max_length') needs max_length=...")
+    return max(max_length, max(lengths))
+
+
+# padding strategy -> the length a batch is padded to (before rounding up to pad_to_multiple_of)
+_PAD_LENGTH: dict[Any, Callable[[list[int], int | None], int]] = {
+    True: _longest, "longest": _longest, "max_length": _to_max_length,
+}
+
+
 class DataCollatorWithPadding:
-    """Pad ``input_ids``-like fields to the longest sample of the batch; labels are padded with -100.
+    """Pad the sequence fields of a batch to its longest sample (HF's dynamic padding).
+
+    ``input_ids`` (and the tokenizer's main input) take ``pad_token_id``, labels -100 (the loss
+    ignores them), ``attention_mask`` and other fields 0, ``special_tokens_mask`` 1. With a tokenizer
+    whose ``model_input_names`` include ``attention_mask``, a missing mask is created, as
+    ``tokenizer.pad`` does. The tokenizer's ``padding_side`` is respected.
 
     Args:
-        tokenizer: anything with ``pad_token_id`` (a ``transformers`` tokenizer works); or pass ``pad_token_id``.
-        pad_token_id: the id for padded input positions when there is no tokenizer.
+        tokenizer: anything with ``pad_token_id`` (a ``transformers`` tokenizer works), or None.
+        padding: ``True``/``"longest"`` (the longest sample), ``"max_length"`` (``max_length``), or
+            ``False``/``"do_not_pad"`` (stack as they are).
+        max_length: the length for ``padding="max_length"``.
         pad_to_multiple_of: round the padded length up to a multiple of this (helps kernels and compile).
+        return_tensors: only ``"pt"``.
+        pad_token_id: the id of padded input positions when there is no tokenizer.
 
     Example:
         >>> c = DataCollatorWithPadding(pad_token_id=0)
@@ -114,56 +221,191 @@ class DataCollatorWithPadding:
         [[5, 6, 7], [8, 0, 0]]
     """
 
-    def __init__(self, tokenizer: Any = None, pad_token_id: int | None = None, pad_to_multiple_of: int | None = None):
-        if pad_token_id is None:
-            pad_token_id = getattr(tokenizer, "pad_token_id", None)
-        if pad_token_id is None:
+    def __init__(self, tokenizer: Any = None, padding: bool | str = True, max_length: int | None = None,
+                 pad_to_multiple_of: int | None = None, return_tensors: str = "pt", *, pad_token_id: int | None = None):
+        if tokenizer is None and pad_token_id is None:
             raise ValueError("DataCollatorWithPadding needs a pad id: pass pad_token_id=... or a tokenizer with pad_token_id set")
-        self.pad_token_id, self.pad_to_multiple_of = pad_token_id, pad_to_multiple_of
+        padding = getattr(padding, "value", padding)  # HF's PaddingStrategy enum
+        if padding not in (*_PAD_LENGTH, False, "do_not_pad"):
+            raise ValueError(f"DataCollatorWithPadding(padding={padding!r}): pass True, 'longest', 'max_length' or False")
+        if return_tensors != "pt":
+            raise ValueError(f"DataCollatorWithPadding(return_tensors={return_tensors!r}): cadence collates to torch tensors only; pass 'pt'")
+        self.tokenizer, self.padding, self.max_length = tokenizer, padding, max_length
+        self.pad_to_multiple_of, self.return_tensors = pad_to_multiple_of, return_tensors
+        self.pad_token_id = pad_token_id if pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
+        names = list(getattr(tokenizer, "model_input_names", None) or ["input_ids"])
+        self.main_input = names[0]
+        self.make_attention_mask = tokenizer is not None and "attention_mask" in names
+        self.left = getattr(tokenizer, "padding_side", "right") == "left"
 
     def _pad_value(self, key: str) -> int:
         if key in LABEL_COLUMNS:
             return IGNORE_INDEX
-        return 0 if "mask" in key or key == "token_type_ids" else self.pad_token_id
+        if key in ("input_ids", self.main_input):
+            if self.pad_token_id is None:
+                raise ValueError(
+                    f"the samples of this batch have different lengths but {type(self.tokenizer).__name__} has no "
+                    "pad_token_id: set one (e.g. tokenizer.pad_token = tokenizer.eos_token) or pass pad_token_id=..."
+                )
+            return self.pad_token_id
+        if key == "token_type_ids":
+            return getattr(self.tokenizer, "pad_token_type_id", 0)
+        return 1 if key == "special_tokens_mask" else 0
 
     def __call__(self, features: list[Mapping]) -> dict[str, Any]:
+        features = [_as_mapping(f) for f in features]
+        if self.padding in (False, "do_not_pad"):
+            return default_data_collator(features)
+        _check_same_keys(features)
+        first = features[0]
+        if self.make_attention_mask and "attention_mask" not in first and self.main_input in first:
+            features = [{**f, "attention_mask": [1] * len(f[self.main_input])} for f in features]
         batch: dict[str, Any] = {}
         for key, value in features[0].items():
-            name = "labels" if key in ("label", "label_ids") else key
             if value is None or isinstance(value, str):
                 continue
-            rows = [torch.as_tensor(f[key]) for f in features]
-            if rows[0].dim() == 0:
-                batch[name] = torch.stack(rows)
+            name = "labels" if key in ("label", "label_ids") else key
+            if name in batch:
                 continue
-            length = max(r.shape[0] for r in rows)
-            if self.pad_to_multiple_of:
-                length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
-            padded = torch.full((len(rows), length, *rows[0].shape[1:]), self._pad_value(key), dtype=rows[0].dtype)
-            for i, r in enumerate(rows):
-                padded[i, : r.shape[0]] = r
-            batch[name] = padded
+            try:
+                rows = [torch.as_tensor(f[key]) for f in features]
+            except (ValueError, RuntimeError, TypeError) as e:
+                raise _field_error(key, [f[key] for f in features], e) from e
+            if rows[0].dim() == 0:
+                batch[name] = _to_tensor(key, rows)
+                continue
+            batch[name] = self._pad(key, rows)
         return batch
+
+    def _pad(self, key: str, rows: list[torch.Tensor]) -> torch.Tensor:
+        lengths = [r.shape[0] for r in rows]
+        if len(set(lengths)) == 1 and self.padding != "max_length" and not self.pad_to_multiple_of:
+            return _to_tensor(key, rows)  # nothing to pad (and no pad id needed)
+        length = _PAD_LENGTH[self.padding](lengths, self.max_length)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        tail = rows[0].shape[1:]
+        for i, r in enumerate(rows):
+            if r.dim() == 0 or r.shape[1:] != tail:
+                raise ValueError(
+                    f"field '{key}': sample {i} of the batch has shape {tuple(r.shape)} but sample 0 has "
+                    f"{tuple(rows[0].shape)}; only the first dimension can be padded"
+                )
+        padded = torch.full((len(rows), length, *tail), self._pad_value(key), dtype=rows[0].dtype)
+        for i, r in enumerate(rows):
+            if self.left:
+                padded[i, length - r.shape[0]:] = r
+            else:
+                padded[i, : r.shape[0]] = r
+        return padded
 
 
 class RemoveColumnsCollator:
-    """Drop the keys the model's ``forward`` does not accept before collating (for dict datasets)."""
+    """Drop the keys the model's ``forward`` does not accept, then collate (dict datasets and streams).
 
-    def __init__(self, collator: Callable, keep: set[str]):
-        self.collator, self.keep = collator, keep
+    The first batch is checked: the dropped keys are logged once, and a batch with no accepted key
+    left is an error naming the sample's keys and the accepted ones.
+
+    Args:
+        data_collator: the collator that gets the reduced samples.
+        signature_columns: the keys to keep (the model's arguments and the label columns).
+        logger: where the dropped keys are logged (default: this module's).
+        model_name, description: for the messages (e.g. ``"GPT2LMHeadModel"``, ``"training"``).
+    """
+
+    def __init__(self, data_collator: Callable, signature_columns, logger: logging.Logger | None = None,
+                 model_name: str | None = None, description: str | None = None):
+        self.data_collator, self.keep = data_collator, set(signature_columns)
+        self.logger, self.model_name, self.description = logger or globals()["logger"], model_name or "the model", description
+        self.checked = False
 
     def __call__(self, features: list) -> Any:
         if isinstance(features[0], Mapping):
+            if not self.checked:
+                self.checked = True
+                check_columns(list(features[0]), self.keep, self.model_name, self.description, self.logger)
             features = [{k: v for k, v in f.items() if k in self.keep} for f in features]
-        return self.collator(features)
+        return self.data_collator(features)
+
+
+def check_columns(columns: list[str], accepted: set[str], model_name: str, description: str | None,
+                  log: logging.Logger | None = None) -> list[str]:
+    """The columns to drop; logs them, and refuses a dataset with no accepted column.
+
+    Returns:
+        the names in ``columns`` that are not in ``accepted``.
+    """
+    dropped = [c for c in columns if c not in accepted]
+    where = f" of the {description} dataset" if description else ""
+    if dropped and len(dropped) == len(columns):
+        raise ValueError(
+            f"no column{where} is an argument of {model_name}.forward: the dataset has {sorted(columns)}, the model "
+            f"accepts {sorted(accepted)}; rename the columns to the model's argument names, or set "
+            "remove_unused_columns=False to pass them as they are"
+        )
+    if dropped:
+        (log or logger).info("columns%s not accepted by %s.forward, removed: %s", where, model_name, ", ".join(dropped))
+    return dropped
+
+
+def _hf_columns(dataset: Any) -> list[str] | None:
+    """The column names of a Hugging Face ``datasets`` dataset (None for other datasets or unknown columns)."""
+    hf = sys.modules.get("datasets")  # an instance implies the module is loaded: no import needed
+    if hf is None or not isinstance(dataset, (hf.Dataset, hf.IterableDataset)):
+        return None
+    return dataset.column_names  # None for a stream whose features are not known yet
+
+
+def drop_unused_columns(dataset: Any, collator: Callable, accepted: set[str] | None, model_name: str,
+                        description: str | None = None) -> tuple[Any, Callable]:
+    """Remove the columns the model does not accept: from a ``datasets`` dataset with its column API,
+    else in the collator (map-style dict datasets are checked now, on their first sample).
+
+    Args:
+        dataset: the dataset.
+        collator: the data collator.
+        accepted: the names to keep (see ``forward_arguments``); None keeps everything.
+        model_name, description: for the log line and errors.
+
+    Returns:
+        ``(dataset, collator)``, either of them replaced when columns are dropped.
+    """
+    if accepted is None:
+        return dataset, collator
+    columns = _hf_columns(dataset)
+    if columns is not None:
+        dropped = check_columns(columns, accepted, model_name, description)
+        return (dataset.remove_columns(dropped) if dropped else dataset), collator
+    if not is_iterable_dataset(dataset):
+        sample = _as_mapping(dataset[0])
+        if not isinstance(sample, Mapping) or not [k for k in sample if k not in accepted]:
+            return dataset, collator  # nothing to drop: no wrapper on the hot path
+        check_columns(list(sample), accepted, model_name, description)
+        remover = RemoveColumnsCollator(collator, accepted, logger, model_name, description)
+        remover.checked = True  # already logged
+        return dataset, remover
+    return dataset, RemoveColumnsCollator(collator, accepted, logger, model_name, description)
+
+
+def _peft_base(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model inside a PEFT-style wrapper (``get_base_model()`` or ``base_model.model``), else None."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        return get_base()
+    return getattr(getattr(model, "base_model", None), "model", None)
 
 
 def forward_arguments(model: torch.nn.Module) -> set[str] | None:
     """Names ``model.forward`` accepts, plus the label columns; None when it takes ``**kwargs`` only.
 
-    Looks through PEFT-style wrappers (``base_model.model``) to the model that names its inputs.
+    Looks through PEFT-style wrappers (``get_base_model()``, ``base_model.model``) to the model that
+    names its inputs, as HF does.
+
+    Example:
+        >>> sorted(forward_arguments(torch.nn.Linear(1, 1)))
+        ['input', 'label', 'label_ids', 'labels']
     """
-    for candidate in (model, getattr(model, "base_model", None), getattr(getattr(model, "base_model", None), "model", None)):
+    for candidate in (_peft_base(model), model):
         if candidate is None:
             continue
         params = inspect.signature(candidate.forward).parameters
@@ -171,13 +413,6 @@ def forward_arguments(model: torch.nn.Module) -> set[str] | None:
         if named:
             return named | set(LABEL_COLUMNS)
     return None
-
-
-def unused_columns(sample: Any, accepted: set[str] | None) -> list[str]:
-    """Keys of a dict sample that the model does not accept (empty for other samples)."""
-    if accepted is None or not isinstance(sample, Mapping):
-        return []
-    return [k for k in sample if k not in accepted]
 
 
 # ---------------------------------------------------------------- item counting
@@ -226,8 +461,10 @@ def check_dataset(dataset: Any, name: str) -> None:
 __all__ = [
     "EpochSampler",
     "default_data_collator",
+    "DefaultDataCollator",
     "DataCollatorWithPadding",
     "RemoveColumnsCollator",
+    "drop_unused_columns",
     "forward_arguments",
     "count_items",
     "loss_shifts_labels",

@@ -191,7 +191,8 @@ class Trainer:
 
     @staticmethod
     def _default_collator(processing_class: Any) -> Callable:
-        if getattr(processing_class, "pad_token_id", None) is not None:
+        """HF's choice: dynamic padding for a tokenizer (anything with ``pad_token_id``), else stacking."""
+        if processing_class is not None and hasattr(processing_class, "pad_token_id"):
             return data.DataCollatorWithPadding(processing_class)
         return data.default_data_collator
 
@@ -208,29 +209,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
 
-    def _collator_for(self, dataset: Any) -> Callable:
-        """The data collator, with columns the model does not accept removed first (logged once)."""
-        if not self.args.remove_unused_columns or data.is_iterable_dataset(dataset):
-            return self.data_collator
+    def _signature_columns(self) -> set[str] | None:
+        """The input names the model accepts, plus the label columns (None: it takes anything)."""
         accepted = data.forward_arguments(self.backend.unwrap(self.model))
-        if accepted is not None and self.label_names:
-            accepted |= set(self.label_names)
-        dropped = data.unused_columns(dataset[0], accepted)
-        if not dropped:
-            return self.data_collator
-        if not set(dataset[0]) - set(dropped):
-            raise ValueError(
-                f"no column of the dataset is accepted by {type(self.model).__name__}.forward: the dataset has "
-                f"{sorted(dataset[0])}, the model accepts {sorted(accepted)}; rename the columns or set remove_unused_columns=False"
-            )
-        logger.info("columns not accepted by %s.forward, removed: %s", type(self.model).__name__, ", ".join(dropped))
-        return data.RemoveColumnsCollator(self.data_collator, accepted)
+        return accepted if accepted is None else accepted | set(self.label_names or ())
 
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool) -> DataLoader:
+    def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
+        """A ``datasets.Dataset`` without the columns the model does not accept (HF's method)."""
+        return self._columns_for(dataset, description)[0]
+
+    def _columns_for(self, dataset: Any, description: str | None = None) -> tuple[Any, Callable]:
+        """The dataset and collator with the columns the model does not accept removed (logged once)."""
+        if not self.args.remove_unused_columns:
+            return dataset, self.data_collator
+        return data.drop_unused_columns(dataset, self.data_collator, self._signature_columns(),
+                                        type(self.model).__name__, description)
+
+    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, description: str | None = None) -> DataLoader:
         args = self.args
+        dataset, collate_fn = self._columns_for(dataset, description)
         kwargs: dict[str, Any] = dict(
             batch_size=batch_size,
-            collate_fn=self._collator_for(dataset),
+            collate_fn=collate_fn,
             num_workers=args.dataloader_num_workers,
             pin_memory=args.dataloader_pin_memory and self.backend.device.type == "cuda",
             drop_last=args.dataloader_drop_last,
@@ -249,7 +249,7 @@ class Trainer:
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass train_dataset=... to Trainer")
         shuffle = self.args.train_sampling_strategy != "sequential"
-        return self._dataloader(self.train_dataset, self.args.train_batch_size, shuffle)
+        return self._dataloader(self.train_dataset, self.args.train_batch_size, shuffle, "training")
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         if isinstance(eval_dataset, str):
@@ -258,11 +258,11 @@ class Trainer:
         if eval_dataset is None:
             raise ValueError("evaluation needs an eval_dataset: pass it to Trainer or to evaluate()")
         data.check_dataset(eval_dataset, "eval_dataset")
-        return self._dataloader(eval_dataset, self.args.eval_batch_size, shuffle=False)
+        return self._dataloader(eval_dataset, self.args.eval_batch_size, shuffle=False, description="evaluation")
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         data.check_dataset(test_dataset, "test_dataset")
-        return self._dataloader(test_dataset, self.args.eval_batch_size, shuffle=False)
+        return self._dataloader(test_dataset, self.args.eval_batch_size, shuffle=False, description="test")
 
     # ------------------------------------------------------------------ optimizer and scheduler
 

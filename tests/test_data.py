@@ -1,0 +1,214 @@
+"""Dataloaders, collators, column removal, samplers and bad input, against transformers as reference."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from tiny import ClassifierModel, word_tokenizer
+
+from cadence import Trainer, TrainingArguments
+from cadence.data import DataCollatorWithPadding, DefaultDataCollator, default_data_collator
+
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+
+def make_args(out_dir, lib=None, **kw):
+    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True)
+    base.update(kw)
+    return (lib or __import__("cadence")).TrainingArguments(**base)
+
+
+def assert_same_batch(ours, theirs):
+    assert set(ours) == set(theirs)
+    for key in theirs:
+        assert ours[key].dtype == theirs[key].dtype, key
+        assert torch.equal(ours[key], theirs[key]), key
+
+
+def text_rows(n=10, seed=0):
+    """Rows of a classification set: text of 2..9 words, an int label, and an extra 'idx' column."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        words = " ".join(f"w{w}" for w in rng.integers(0, 30, rng.integers(2, 10)))
+        rows.append({"text": words, "label": int(rng.integers(0, 3)), "idx": i})
+    return rows
+
+
+def tokenized(rows, tokenizer):
+    return [{**r, **tokenizer(r["text"])} for r in rows]
+
+
+# ---------------------------------------------------------------------------------- default collator
+@pytest.mark.parametrize(
+    "features",
+    [
+        [{"x": [1, 2], "label": 0}, {"x": [3, 4], "label": 2}],
+        [{"x": 1.5, "label": 0.5}, {"x": 2.5, "label": 1.0}],
+        [{"x": np.ones(3, dtype=np.float32), "label_ids": [1, 2]}, {"x": np.zeros(3, dtype=np.float32), "label_ids": [3, 4]}],
+        [{"x": torch.arange(3), "label_ids": torch.tensor([1.0, 2.0])}, {"x": torch.arange(3, 6), "label_ids": torch.tensor([3.0, 4.0])}],
+        [{"x": torch.tensor(1), "label": torch.tensor(1), "text": "a", "skip": None}, {"x": torch.tensor(2), "label": torch.tensor(0), "text": "b", "skip": None}],
+        [{"input_ids": [1, 2, 3], "labels": [1, -100, 3]}, {"input_ids": [4, 5, 6], "labels": [4, 5, -100]}],
+    ],
+)
+def test_default_collator_matches_transformers(features):
+    theirs = transformers.default_data_collator(features)
+    assert_same_batch(default_data_collator(features), theirs)
+    assert_same_batch(DefaultDataCollator()(features), theirs)
+
+
+def test_default_collator_reads_dataclass_samples():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Features:
+        input_ids: list
+        label: int
+
+    features = [Features([1, 2], 1), Features([3, 4], 0)]
+    assert_same_batch(default_data_collator(features), transformers.default_data_collator(features))
+
+
+def test_default_collator_tuples_go_through_default_collate():
+    batch = default_data_collator([(torch.tensor([1.0]), 0), (torch.tensor([2.0]), 1)])
+    assert torch.equal(batch[0], torch.tensor([[1.0], [2.0]])) and torch.equal(batch[1], torch.tensor([0, 1]))
+
+
+# ---------------------------------------------------------------------------------- padding collator
+def test_padding_collator_shapes_and_pad_values():
+    collate = DataCollatorWithPadding(pad_token_id=7, pad_to_multiple_of=4)
+    batch = collate([
+        {"input_ids": [1, 2, 3, 4, 5], "attention_mask": [1] * 5, "labels": [1, 2, 3, 4, 5], "label_cls": 2},
+        {"input_ids": [6, 7], "attention_mask": [1, 1], "labels": [6, -100], "label_cls": 0},
+    ])
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5, 7, 7, 7], [6, 7, 7, 7, 7, 7, 7, 7]]
+    assert batch["attention_mask"].tolist() == [[1] * 5 + [0] * 3, [1, 1] + [0] * 6]
+    assert batch["labels"].tolist() == [[1, 2, 3, 4, 5, -100, -100, -100], [6, -100] + [-100] * 6]
+    assert batch["label_cls"].tolist() == [2, 0]
+    assert DataCollatorWithPadding(pad_token_id=0)([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}])["input_ids"].shape == (2, 3)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("multiple", [None, 8])
+def test_padding_collator_matches_transformers_with_a_tokenizer(side, multiple):
+    tokenizer = word_tokenizer(side)
+    features = [{k: v for k, v in r.items() if k != "text"} for r in tokenized(text_rows(5), tokenizer)]
+    features = [{k: v for k, v in f.items() if k not in ("attention_mask",)} for f in features]  # the mask is made
+    theirs = transformers.DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)(features)
+    ours = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)(features)
+    assert_same_batch(ours, dict(theirs))
+    assert ours["attention_mask"].sum().item() == sum(len(f["input_ids"]) for f in features)
+
+
+def test_padding_collator_without_pad_id_is_a_clear_error():
+    with pytest.raises(ValueError, match="pad_token_id"):
+        DataCollatorWithPadding()
+
+
+def test_default_collator_is_chosen_as_transformers_does(out_dir):
+    tokenizer = word_tokenizer()
+    assert isinstance(Trainer(ClassifierModel(), make_args(out_dir), processing_class=tokenizer).data_collator,
+                      DataCollatorWithPadding)
+    assert Trainer(ClassifierModel(), make_args(out_dir)).data_collator is default_data_collator
+
+
+@pytest.mark.parametrize("collator", ["padding", "lm"])
+def test_transformers_collators_work_unchanged(out_dir, collator):
+    tokenizer = word_tokenizer()
+    rows = [{"input_ids": r["input_ids"]} for r in tokenized(text_rows(8), tokenizer)]
+    if collator == "padding":
+        rows = [{**r, "labels": 1} for r in rows]
+        collate = transformers.DataCollatorWithPadding(tokenizer)
+    else:
+        collate = transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False)
+
+    class LM(ClassifierModel):
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            logits = self.out(self.emb(input_ids)) if collator == "lm" else super().forward(input_ids, attention_mask)["logits"]
+            flat = logits.flatten(0, -2)
+            return {"loss": torch.nn.functional.cross_entropy(flat, labels.flatten(), ignore_index=-100)}
+
+    trainer = Trainer(LM(classes=32), make_args(out_dir, max_steps=2, per_device_train_batch_size=4),
+                      train_dataset=rows, data_collator=collate)
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["input_ids"].shape[0] == 4 and "attention_mask" in batch
+    assert trainer.train().global_step == 2
+
+
+# ---------------------------------------------------------------------------------- column removal
+def test_dict_dataset_columns_removed_in_collator_with_log(out_dir, caplog):
+    tokenizer = word_tokenizer()
+    rows = tokenized(text_rows(6), tokenizer)
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, per_device_train_batch_size=3), train_dataset=rows,
+                      processing_class=tokenizer)
+    with caplog.at_level(logging.INFO, logger="cadence"):
+        batch = next(iter(trainer.get_train_dataloader()))
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    assert "removed: text, idx" in caplog.text
+
+
+def test_hf_dataset_columns_removed_with_column_api(out_dir, caplog):
+    tokenizer = word_tokenizer()
+    ds = datasets.Dataset.from_list(tokenized(text_rows(6), tokenizer))
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, per_device_train_batch_size=3), train_dataset=ds,
+                      processing_class=tokenizer)
+    with caplog.at_level(logging.INFO, logger="cadence"):
+        loader = trainer.get_train_dataloader()
+    assert loader.dataset.column_names == ["label", "input_ids", "attention_mask"]
+    assert ds.column_names == ["text", "label", "idx", "input_ids", "attention_mask"]  # the user's dataset is untouched
+    assert "training dataset not accepted by ClassifierModel.forward, removed: text, idx" in caplog.text
+    assert set(next(iter(loader))) == {"input_ids", "attention_mask", "labels"}
+
+
+def test_label_columns_and_label_names_are_kept(out_dir):
+    rows = [{"input_ids": [1, 2], "label": 1, "my_target": 0.5} for _ in range(4)]
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, label_names=["my_target"]), train_dataset=rows)
+    assert set(next(iter(trainer.get_train_dataloader()))) == {"input_ids", "labels", "my_target"}
+
+
+class PeftLike(torch.nn.Module):
+    """forward(*args, **kwargs) over base_model.model, as peft's PeftModel is built."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.base_model = torch.nn.Module()
+        self.base_model.model = model
+
+    def forward(self, *args, **kwargs):
+        return self.base_model.model(*args, **kwargs)
+
+
+def test_wrapped_model_columns_looked_up_through_the_wrapper(out_dir):
+    tokenizer = word_tokenizer()
+    rows = tokenized(text_rows(6), tokenizer)
+    trainer = Trainer(PeftLike(ClassifierModel()), make_args(out_dir, max_steps=2, per_device_train_batch_size=3),
+                      train_dataset=rows, processing_class=tokenizer)
+    assert set(next(iter(trainer.get_train_dataloader()))) == {"input_ids", "attention_mask", "labels"}
+    assert trainer.train().global_step == 2
+
+
+@pytest.mark.parametrize("kind", ["dict", "hf"])
+def test_nothing_left_is_an_error_naming_both_sides(out_dir, kind):
+    rows = [{"ids": [1, 2], "target": 1}] * 4
+    ds = rows if kind == "dict" else datasets.Dataset.from_list(rows)
+    trainer = Trainer(ClassifierModel(), make_args(out_dir), train_dataset=ds)
+    with pytest.raises(ValueError, match=r"dataset has \['ids', 'target'\], the model accepts \['attention_mask', "
+                                         r"'input_ids', 'label', 'label_ids', 'labels'\].*remove_unused_columns=False"):
+        trainer.get_train_dataloader()
+
+
+# ---------------------------------------------------------------------------------- parity with transformers
+def test_train_batches_equal_transformers_get_train_dataloader(tmp_path):
+    tokenizer = word_tokenizer()
+    ds = datasets.Dataset.from_list(tokenized(text_rows(22), tokenizer))
+    loaders = {}
+    for lib in (transformers, __import__("cadence")):
+        args = make_args(str(tmp_path / lib.__name__), lib, per_device_train_batch_size=4, seed=7)
+        trainer = lib.Trainer(ClassifierModel(), args, train_dataset=ds, processing_class=tokenizer)
+        loaders[lib.__name__] = list(trainer.get_train_dataloader())
+    theirs, ours = loaders["transformers"], loaders["cadence"]
+    assert len(theirs) == len(ours) == 6
+    for t, o in zip(theirs, ours):
+        assert_same_batch(o, dict(t))
