@@ -212,3 +212,66 @@ def test_train_batches_equal_transformers_get_train_dataloader(tmp_path):
     assert len(theirs) == len(ours) == 6
     for t, o in zip(theirs, ours):
         assert_same_batch(o, dict(t))
+
+
+# ---------------------------------------------------------------------------------- bad input
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def first_step_error(out_dir, rows, **kw):
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, max_steps=1, per_device_train_batch_size=4,
+                                                   train_sampling_strategy="sequential", **kw), train_dataset=Rows(rows))
+    with pytest.raises(ValueError) as error:
+        trainer.train()
+    assert trainer.state.global_step == 0
+    return str(error.value)
+
+
+def test_inconsistent_keys_name_the_sample(out_dir):
+    rows = [{"input_ids": [1, 2], "labels": 0}] * 4
+    rows[2] = {"input_ids": [1, 2]}
+    assert "sample 2 of the batch has different keys from sample 0 (missing ['labels'], extra [])" in first_step_error(out_dir, rows)
+
+
+def test_inconsistent_shapes_name_field_and_sample(out_dir):
+    rows = [{"input_ids": [1, 2], "labels": 0}] * 4
+    rows[3] = {"input_ids": [1, 2, 3], "labels": 0}
+    message = first_step_error(out_dir, rows)
+    assert "field 'input_ids': sample 3 of the batch has shape (3,) but sample 0 has (2,)" in message
+    assert "DataCollatorWithPadding" in message
+
+
+def test_text_in_a_tensor_field_names_field_and_sample(out_dir):
+    rows = [{"input_ids": [1, 2], "labels": 0}] * 4
+    rows[1] = {"input_ids": ["w1", "w2"], "labels": 0}
+    assert "field 'input_ids' of sample 1 of the batch holds text" in first_step_error(out_dir, rows)
+
+
+@pytest.mark.parametrize("kind", ["dict", "hf"])
+def test_untokenized_text_input_is_refused_before_the_first_step(out_dir, kind):
+    rows = [{"input_ids": "w1 w2", "labels": 0}] * 4
+    ds = Rows(rows) if kind == "dict" else datasets.Dataset.from_list(rows)
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, max_steps=1), train_dataset=ds)
+    with pytest.raises(ValueError, match="field 'input_ids' of the training dataset holds text.*tokenize"):
+        trainer.get_train_dataloader()
+
+
+def test_batch_larger_than_dataset_with_drop_last(out_dir):
+    rows = [{"input_ids": [1, 2], "labels": 0}] * 3
+    message = first_step_error(out_dir, rows, dataloader_drop_last=True)
+    assert "3 samples with per_device_train_batch_size=4 and dataloader_drop_last=True" in message
+
+
+@pytest.mark.parametrize("kind", ["dict", "hf"])
+def test_empty_dataset_is_refused_at_init(out_dir, kind):
+    ds = Rows([]) if kind == "dict" else datasets.Dataset.from_list([])
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        Trainer(ClassifierModel(), make_args(out_dir), train_dataset=ds)

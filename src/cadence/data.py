@@ -348,6 +348,21 @@ def check_columns(columns: list[str], accepted: set[str], model_name: str, descr
     return dropped
 
 
+def _refuse_text_inputs(sample: Mapping, accepted: set[str], collator: Callable, description: str | None) -> None:
+    """A model argument holding text would be left out by cadence's collators (which skip strings, as
+    HF's do) and the model would then miss it: say so before the first step."""
+    if not isinstance(collator, (DataCollatorWithPadding, DefaultDataCollator)) and collator is not default_data_collator:
+        return  # a custom collator may tokenize text itself
+    for key, value in sample.items():
+        if key in accepted and isinstance(value, str):
+            where = f" of the {description} dataset" if description else ""
+            raise ValueError(
+                f"field '{key}'{where} holds text ({value!r:.40}) but is an input of the model, which needs tensors: "
+                "tokenize the dataset first (e.g. dataset.map(lambda r: tokenizer(r['text']))), or pass a "
+                "data_collator that turns the text into tensors"
+            )
+
+
 def _hf_columns(dataset: Any) -> list[str] | None:
     """The column names of a Hugging Face ``datasets`` dataset (None for other datasets or unknown columns)."""
     hf = sys.modules.get("datasets")  # an instance implies the module is loaded: no import needed
@@ -375,9 +390,14 @@ def drop_unused_columns(dataset: Any, collator: Callable, accepted: set[str] | N
     columns = _hf_columns(dataset)
     if columns is not None:
         dropped = check_columns(columns, accepted, model_name, description)
+        features = getattr(dataset, "features", None) or {}
+        _refuse_text_inputs({c: "<a string column>" for c in columns if getattr(features.get(c), "dtype", None) == "string"},
+                            set(columns) - set(dropped), collator, description)
         return (dataset.remove_columns(dropped) if dropped else dataset), collator
     if not is_iterable_dataset(dataset):
         sample = _as_mapping(dataset[0])
+        if isinstance(sample, Mapping):
+            _refuse_text_inputs(sample, accepted, collator, description)
         if not isinstance(sample, Mapping) or not [k for k in sample if k not in accepted]:
             return dataset, collator  # nothing to drop: no wrapper on the hot path
         check_columns(list(sample), accepted, model_name, description)
