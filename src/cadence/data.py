@@ -62,6 +62,115 @@ class EpochSampler(Sampler[int]):
         return iter(order[self.rank :: self.world_size])
 
 
+def length_grouped_indices(lengths: list[int], batch_size: int, mega_batch_mult: int | None = None,
+                           generator: torch.Generator | None = None) -> list[int]:
+    """A random order in which each run of ``batch_size`` indices has similar lengths (HF's megabatches).
+
+    The indices are shuffled, cut into megabatches of ``mega_batch_mult * batch_size`` (default:
+    ``min(n // (4 * batch_size), 50)``, at least 1), each sorted longest first; the longest sample
+    of all is swapped to the very front, so an out-of-memory error shows on the first step.
+
+    Args:
+        lengths: the length of each sample.
+        batch_size: the number of samples that are padded together.
+        mega_batch_mult: megabatch size in batches.
+        generator: the torch generator of the shuffle.
+
+    Example:
+        >>> length_grouped_indices([1, 5, 2, 9], 2, generator=torch.Generator().manual_seed(0))[0]
+        3
+    """
+    if mega_batch_mult is None:
+        mega_batch_mult = max(min(len(lengths) // (batch_size * 4), 50), 1)
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    size = mega_batch_mult * batch_size
+    megabatches = [sorted(order[i : i + size], key=lengths.__getitem__, reverse=True) for i in range(0, len(order), size)]
+    longest = max(range(len(megabatches)), key=lambda m: (lengths[megabatches[m][0]], -m))  # first of the longest
+    megabatches[0][0], megabatches[longest][0] = megabatches[longest][0], megabatches[0][0]
+    return [i for megabatch in megabatches for i in megabatch]
+
+
+class LengthGroupedSampler(Sampler[int]):
+    """Samples grouped by length (less padding), still shuffled; deterministic per seed and epoch.
+
+    HF's arguments, plus ``seed``/``rank``/``world_size``. Without a ``generator`` the order of epoch
+    ``e`` is drawn from ``Generator().manual_seed(seed + e)``. With several processes the grouping
+    is done over the global batch (``batch_size`` should be per-device batch x accumulation x
+    processes) and each process takes every ``world_size``-th index, as ``EpochSampler`` does, so
+    the processes of one step see samples of similar length.
+
+    Args:
+        batch_size: samples padded together (one optimizer step's, over all processes).
+        dataset: samples with ``model_input_name`` (default ``input_ids``) to measure; or give ``lengths``.
+        lengths: the length of each sample.
+        model_input_name: the key measured when ``lengths`` is None.
+        generator: a torch generator to draw every epoch from (HF's behaviour); None: ``seed + epoch``.
+        seed, rank, world_size: see above.
+
+    Example:
+        >>> s = LengthGroupedSampler(2, lengths=[3, 8, 1, 7, 2, 9])
+        >>> [[3, 8, 1, 7, 2, 9][i] for i in s][0]
+        9
+    """
+
+    def __init__(self, batch_size: int, dataset: Any = None, lengths: list[int] | None = None,
+                 model_input_name: str | None = None, generator: torch.Generator | None = None, *,
+                 seed: int = 0, rank: int = 0, world_size: int = 1):
+        if lengths is None:
+            if dataset is None:
+                raise ValueError("LengthGroupedSampler needs lengths=... or a dataset to measure")
+            lengths = sample_lengths(dataset, model_input_name or "input_ids")
+        self.lengths = lengths.tolist() if isinstance(lengths, (torch.Tensor, np.ndarray)) else list(lengths)
+        self.batch_size, self.generator, self.seed = batch_size, generator, seed
+        self.rank, self.world_size, self.epoch = rank, world_size, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-len(self.lengths) // self.world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        generator = self.generator if self.generator is not None else torch.Generator().manual_seed(self.seed + self.epoch)
+        order = length_grouped_indices(self.lengths, self.batch_size, generator=generator)
+        order += order[: len(self) * self.world_size - len(order)]  # equal shares for every process
+        return iter(order[self.rank :: self.world_size])
+
+
+def sample_lengths(dataset: Any, key: str, length_column: str | None = None) -> list[int]:
+    """The length of every sample: a precomputed ``length_column`` if the dataset has one, else ``len(sample[key])``.
+
+    A Hugging Face ``datasets.Dataset`` is read column-wise (fast); other datasets sample by sample.
+    """
+    columns = _hf_columns(dataset)
+    if columns is not None:
+        if length_column in columns:
+            return list(dataset[length_column])
+        if key in columns:
+            return [len(v) for v in dataset[key]]
+    first = _as_mapping(dataset[0])
+    if not isinstance(first, Mapping) or (key not in first and length_column not in first):
+        raise ValueError(
+            f"group_by_length needs the length of each sample: the samples have no '{key}' field"
+            + (f" and no '{length_column}' column" if length_column else "")
+            + f" (sample 0 is {type(first).__name__}{' with keys ' + str(sorted(first)) if isinstance(first, Mapping) else ''}); "
+            "add a length column (length_column_name) or an input_ids field"
+        )
+    name = length_column if length_column in first else key
+    lengths = []
+    for i in range(len(dataset)):
+        value = _as_mapping(dataset[i])[name]
+        lengths.append(int(value) if name == length_column else len(value))
+    return lengths
+
+
+def set_epoch(dataloader: DataLoader, epoch: int) -> None:
+    """Tell the sampler and the dataset (e.g. a shuffling ``datasets.IterableDataset``) the epoch."""
+    for owner in (getattr(dataloader, "sampler", None), getattr(dataloader, "dataset", None)):
+        if callable(getattr(owner, "set_epoch", None)):
+            owner.set_epoch(epoch)
+
+
 # ---------------------------------------------------------------- collators
 
 
@@ -480,6 +589,8 @@ def check_dataset(dataset: Any, name: str) -> None:
 
 __all__ = [
     "EpochSampler",
+    "LengthGroupedSampler",
+    "length_grouped_indices",
     "default_data_collator",
     "DefaultDataCollator",
     "DataCollatorWithPadding",

@@ -225,7 +225,24 @@ class Trainer:
         return data.drop_unused_columns(dataset, self.data_collator, self._signature_columns(),
                                         type(self.model).__name__, description)
 
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, description: str | None = None) -> DataLoader:
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
+        """The training sampler: shuffled per epoch (``EpochSampler``), in order, or grouped by length."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if data.is_iterable_dataset(dataset):
+            return None
+        args = self.args
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        if args.train_sampling_strategy == "group_by_length":
+            names = getattr(self.processing_class, "model_input_names", None)
+            lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
+            global_batch = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+            return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=args.process_index,
+                                             world_size=args.world_size)
+        shuffle = args.train_sampling_strategy != "sequential"
+        return data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
+
+    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, description: str | None = None,
+                    sampler: torch.utils.data.Sampler | None = None) -> DataLoader:
         args = self.args
         dataset, collate_fn = self._columns_for(dataset, description)
         kwargs: dict[str, Any] = dict(
@@ -239,7 +256,9 @@ class Trainer:
         )
         if args.dataloader_num_workers > 0 and args.dataloader_prefetch_factor is not None:
             kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
-        if not data.is_iterable_dataset(dataset):
+        if sampler is not None:
+            kwargs["sampler"] = sampler
+        elif not data.is_iterable_dataset(dataset):
             seed = args.data_seed if args.data_seed is not None else args.seed
             kwargs["sampler"] = data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
         return DataLoader(dataset, **kwargs)
@@ -249,7 +268,8 @@ class Trainer:
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass train_dataset=... to Trainer")
         shuffle = self.args.train_sampling_strategy != "sequential"
-        return self._dataloader(self.train_dataset, self.args.train_batch_size, shuffle, "training")
+        sampler = self._get_train_sampler(self.train_dataset)
+        return self._dataloader(self.train_dataset, self.args.train_batch_size, shuffle, "training", sampler)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         if isinstance(eval_dataset, str):
@@ -364,8 +384,7 @@ class Trainer:
             self._evaluate(ignore_keys_for_eval)
 
         for epoch in range(num_train_epochs):  # ---- epoch
-            if isinstance(getattr(train_dataloader, "sampler", None), data.EpochSampler):
-                train_dataloader.sampler.set_epoch(epoch)
+            data.set_epoch(train_dataloader, epoch)
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             batches = iter(train_dataloader)
             micro_done = 0

@@ -449,8 +449,8 @@ class TrainingArguments:
     train_sampling_strategy: str = field(
         default="random",
         metadata=_help(
-            "Training sampler: 'random', 'sequential', 'group_by_length' or 'batch_rebalance' (the last two: "
-            "not built yet).",
+            "Training sampler: 'random', 'sequential', 'group_by_length' (samples of similar length batched "
+            "together) or 'batch_rebalance' (not built yet).",
             choices=["random", "sequential", "group_by_length", "batch_rebalance"],
         ),
     )
@@ -838,7 +838,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "push_to_hub": "pushing to the Hugging Face Hub",
     "load_best_model_at_end": "reloading the best checkpoint",
     "save_strategy=best": "saving on a new best metric",
-    "train_sampling_strategy=group_by_length": "the length-grouped sampler",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "restore_callback_states_from_checkpoint": "restoring callback states",
     "ignore_data_skip": "restarting resumed epochs from their beginning",
