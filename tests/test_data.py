@@ -380,3 +380,55 @@ def test_trainer_pt_utils_reexports():
 
     assert trainer_pt_utils.LengthGroupedSampler is LengthGroupedSampler
     assert trainer_pt_utils.LabelSmoother is loss.LabelSmoother
+
+
+# ---------------------------------------------------------------------------------- workers
+class NoisyRegression(torch.utils.data.Dataset):
+    """input_x with noise from python's and numpy's generators, which forked workers copy unless seeded."""
+
+    def __init__(self, n=24, noisy=True):
+        self.n, self.noisy = n, noisy
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import random
+
+        noise = random.random() + np.random.rand() if self.noisy else 0.0
+        return {"input_x": torch.tensor(float(i) + noise), "labels": torch.tensor(float(i % 5))}
+
+
+def seen_batches(out_dir, workers, noisy=False, **kw):
+    from tiny import RegressionModel
+
+    seen = []
+
+    class Recorder(RegressionModel):
+        def forward(self, input_x, labels=None):
+            seen.append(input_x.clone())
+            return super().forward(input_x, labels)
+
+    args = make_args(out_dir, per_device_train_batch_size=4, num_train_epochs=2, dataloader_num_workers=workers,
+                     logging_steps=1, seed=11, **kw)
+    trainer = Trainer(Recorder(), args, train_dataset=NoisyRegression(noisy=noisy))
+    trainer.train()
+    return seen, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_same_batches_with_and_without_workers(out_dir):
+    base, base_losses = seen_batches(out_dir, 0)
+    with_workers, losses = seen_batches(out_dir, 2, dataloader_persistent_workers=True, dataloader_prefetch_factor=3)
+    assert len(base) == len(with_workers) == 12
+    for a, b in zip(base, with_workers):
+        assert torch.equal(a, b)
+    assert losses == base_losses
+    assert [b.tolist() for b in base[:6]] != [b.tolist() for b in base[6:]]  # set_epoch reached the sampler
+
+
+def test_workers_are_seeded_reproducibly(out_dir):
+    first, _ = seen_batches(out_dir, 2, noisy=True)
+    second, _ = seen_batches(out_dir, 2, noisy=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    noise = torch.cat(first) - torch.cat(first).floor()
+    assert noise.unique().numel() == noise.numel()  # the two workers did not draw the same numbers

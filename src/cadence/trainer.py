@@ -9,6 +9,7 @@ and save (``DefaultFlowCallback``); the Trainer acts on their requests.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -251,11 +252,14 @@ class Trainer:
             num_workers=args.dataloader_num_workers,
             pin_memory=args.dataloader_pin_memory and self.backend.device.type == "cuda",
             drop_last=args.dataloader_drop_last,
-            worker_init_fn=seed_worker if args.dataloader_num_workers > 0 else None,
-            persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
         )
-        if args.dataloader_num_workers > 0 and args.dataloader_prefetch_factor is not None:
-            kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+        if args.dataloader_num_workers > 0:  # python/numpy/torch seeded per worker and process: runs repeat
+            kwargs.update(worker_init_fn=functools.partial(seed_worker, num_workers=args.dataloader_num_workers,
+                                                           rank=args.process_index),
+                          persistent_workers=args.dataloader_persistent_workers,
+                          prefetch_factor=args.dataloader_prefetch_factor,
+                          multiprocessing_context=args.dataloader_multiprocessing_context,
+                          in_order=args.dataloader_in_order)
         if sampler is not None:
             kwargs["sampler"] = sampler
         elif not data.is_iterable_dataset(dataset):
