@@ -432,3 +432,92 @@ def test_workers_are_seeded_reproducibly(out_dir):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     noise = torch.cat(first) - torch.cat(first).floor()
     assert noise.unique().numel() == noise.numel()  # the two workers did not draw the same numbers
+
+
+# ---------------------------------------------------------------------------------- iterable datasets
+from cadence.data import IterableShard, TokenCounter  # noqa: E402
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+@pytest.mark.parametrize("n, drop_last", [(24, False), (21, False), (21, True)])
+def test_iterable_shard_splits_each_global_batch(n, drop_last):
+    shards = [list(IterableShard(Stream(n), 3, rank, 2, drop_last)) for rank in range(2)]
+    assert len(shards[0]) == len(shards[1])  # same number of batches everywhere: no process waits for another
+    global_batches = [shards[0][i : i + 3] + shards[1][i : i + 3] for i in range(0, len(shards[0]), 3)]
+    expected = list(range(n)) if n % 6 == 0 else (list(range(18)) if drop_last else list(range(21)) + [0, 1, 2])
+    assert [i for batch in global_batches for i in batch] == expected
+
+
+def test_hf_iterable_dataset_trains_with_max_steps(out_dir):
+    tokenizer = word_tokenizer()
+    rows = tokenized(text_rows(12), tokenizer)
+    stream = datasets.Dataset.from_list(rows).to_iterable_dataset(num_shards=2)
+    seen = []
+
+    class Recorder(ClassifierModel):
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            seen.append(labels.tolist())
+            return super().forward(input_ids, attention_mask, labels)
+
+    args = make_args(out_dir, max_steps=5, per_device_train_batch_size=4)
+    trainer = Trainer(Recorder(), args, train_dataset=stream, processing_class=tokenizer)
+    assert trainer.train().global_step == 5
+    labels = [r["label"] for r in rows]
+    assert seen == [labels[0:4], labels[4:8], labels[8:12], labels[0:4], labels[4:8]]  # the stream restarts per epoch
+
+
+# ---------------------------------------------------------------------------------- tokens and FLOPs
+def test_token_counter_modes():
+    batch = {"input_ids": torch.tensor([[5, 6, 0], [7, 0, 0]]), "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
+    counts = {}
+    for mode in ("all", "non_padding", "no"):
+        counter = TokenCounter(mode)
+        counter.add(batch)
+        counter.add(batch)
+        counts[mode] = int(counter.total())
+    assert counts == {"all": 12, "non_padding": 6, "no": 0}
+    no_mask = TokenCounter("non_padding", pad_token_id=0)
+    no_mask.add({"input_ids": batch["input_ids"]})
+    assert int(no_mask.total()) == 3
+
+
+@pytest.mark.parametrize("mode", ["all", "non_padding"])
+def test_tokens_and_flos_equal_transformers(tmp_path, mode):
+    from tiny import tiny_gpt2
+
+    tokenizer = word_tokenizer()
+    rows = [{"input_ids": r["input_ids"]} for r in tokenized(text_rows(16), tokenizer)]
+    results = {}
+    for lib in (transformers, __import__("cadence")):
+        args = make_args(str(tmp_path / lib.__name__), lib, max_steps=3, per_device_train_batch_size=4,
+                         gradient_accumulation_steps=2, logging_steps=1, include_num_input_tokens_seen=mode, seed=3)
+        trainer = lib.Trainer(tiny_gpt2(), args, train_dataset=rows, processing_class=tokenizer,
+                              data_collator=transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False))
+        out = trainer.train()
+        logs = [h for h in trainer.state.log_history if "loss" in h]
+        results[lib.__name__] = ([h["num_input_tokens_seen"] for h in logs], trainer.state.total_flos, logs, out.metrics)
+    theirs, ours = results["transformers"], results["cadence"]
+    assert ours[0] == theirs[0] and ours[0][-1] > 0
+    assert ours[1] == pytest.approx(theirs[1], rel=1e-12) and ours[1] > 0
+    assert all(h["train_tokens_per_second"] > 0 for h in ours[2])
+    assert ours[3]["total_flos"] == ours[1] and ours[3]["train_tokens_per_second"] > 0
+    lengths = sorted(len(r["input_ids"]) for r in rows)
+    if mode == "non_padding":  # 3 steps x 8 samples cover the 16 rows once and 8 of them again
+        assert sum(lengths) < ours[0][-1] < sum(lengths) + sum(lengths[-8:]) + 1
+
+
+def test_flos_estimate_without_floating_point_ops(out_dir):
+    from tiny import RegressionDataset, RegressionModel
+
+    trainer = Trainer(RegressionModel(), make_args(out_dir, max_steps=3, per_device_train_batch_size=4),
+                      train_dataset=RegressionDataset(16))
+    out = trainer.train()
+    assert trainer.state.total_flos == out.metrics["total_flos"] == 6 * 2 * 12  # 6 x 2 parameters x 12 samples
+    assert trainer.state.num_input_tokens_seen == 0 and "num_input_tokens_seen" not in trainer.state.log_history[-1]

@@ -544,6 +544,116 @@ def forward_arguments(model: torch.nn.Module) -> set[str] | None:
     return None
 
 
+# ---------------------------------------------------------------- iterable datasets
+
+
+class IterableShard(IterableDataset):
+    """One process's share of a stream: of every ``batch_size * world_size`` samples, the ``rank``-th
+    run of ``batch_size`` (so the processes' batches of a step are the one-process global batch).
+
+    The last, incomplete global batch is dropped with ``drop_last``; otherwise it is completed with
+    the first samples of the stream, so every process gets the same number of batches and none waits
+    at a collective for another.
+
+    Args:
+        dataset: a torch or Hugging Face iterable dataset.
+        batch_size: the per-process batch size.
+        rank, world_size: this process and the number of processes.
+        drop_last: drop the incomplete last global batch.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int, rank: int, world_size: int, drop_last: bool = False):
+        self.dataset, self.batch_size, self.rank, self.world_size, self.drop_last = dataset, batch_size, rank, world_size, drop_last
+
+    def set_epoch(self, epoch: int) -> None:
+        if callable(getattr(self.dataset, "set_epoch", None)):
+            self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        size = self.batch_size * self.world_size
+        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        head: list = []  # the stream's first samples, to complete a short last batch
+        buffer: list = []
+        for sample in self.dataset:
+            buffer.append(sample)
+            if len(head) < size:
+                head.append(sample)
+            if len(buffer) == size:
+                yield from buffer[mine]
+                buffer = []
+        if buffer and not self.drop_last:
+            while len(buffer) < size:
+                buffer += head[: size - len(buffer)]
+            yield from buffer[mine]
+
+
+# ---------------------------------------------------------------- token counting
+
+
+class TokenCounter:
+    """Input tokens trained on (``include_num_input_tokens_seen``); summed without a host sync per step.
+
+    ``"all"`` counts every position of the main input (its shape: free); ``"non_padding"`` counts
+    the ``attention_mask`` ones, else positions that are not ``pad_token_id``, on the device.
+
+    Args:
+        mode: ``"no"``, ``"all"`` or ``"non_padding"``.
+        main_input_name: the key of the token ids (``model.main_input_name``, default ``input_ids``).
+        pad_token_id: the padding id, for ``"non_padding"`` without an attention mask.
+
+    Example:
+        >>> c = TokenCounter("all")
+        >>> c.add({"input_ids": torch.ones(2, 3)})
+        >>> int(c.total())
+        6
+    """
+
+    def __init__(self, mode: str, main_input_name: str = "input_ids", pad_token_id: int | None = None):
+        self.mode, self.key, self.pad_token_id = mode, main_input_name, pad_token_id
+        self.host = 0  # counts known from shapes
+        self.device: torch.Tensor | None = None  # counts that need the data; stays on its device
+        self.warned = False
+
+    def add(self, inputs: Any) -> None:
+        if self.mode == "no":
+            return
+        ids = inputs.get(self.key) if isinstance(inputs, Mapping) else None
+        if ids is None:
+            if not self.warned:
+                self.warned = True
+                logger.warning("include_num_input_tokens_seen: the batches have no '%s' to count; set "
+                               "model.main_input_name to the key of the token ids", self.key)
+            return
+        mask = inputs.get("attention_mask")
+        if self.mode == "non_padding" and (mask is not None or self.pad_token_id is not None):
+            count = mask.sum() if mask is not None else ids.ne(self.pad_token_id).sum()
+            self.device = count if self.device is None else self.device + count
+        else:
+            if self.mode == "non_padding" and not self.warned:
+                self.warned = True
+                logger.warning("include_num_input_tokens_seen='non_padding': the batches have no attention_mask and "
+                               "there is no pad_token_id, so every token is counted")
+            self.host += ids.numel()
+
+    def total(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The count so far as an int64 tensor on ``device`` (reading it is the host sync)."""
+        total = torch.tensor(self.host, dtype=torch.long, device=device)
+        return total if self.device is None else total + self.device.to(device, torch.long)
+
+
+def batch_tokens(inputs: Any, main_input_name: str = "input_ids") -> int:
+    """Positions of the main input (its ``numel``), else the batch size: the "tokens" of a FLOP estimate."""
+    if isinstance(inputs, Mapping):
+        ids = inputs.get(main_input_name)
+        if torch.is_tensor(ids):
+            return ids.numel()
+        values = inputs.values()
+    else:
+        values = inputs if isinstance(inputs, (tuple, list)) else [inputs]
+    first = next((v for v in values if torch.is_tensor(v) and v.dim() > 0), None)
+    return first.shape[0] if first is not None else 0
+
+
 # ---------------------------------------------------------------- item counting
 
 
@@ -597,6 +707,8 @@ __all__ = [
     "RemoveColumnsCollator",
     "drop_unused_columns",
     "forward_arguments",
+    "IterableShard",
+    "TokenCounter",
     "count_items",
     "loss_shifts_labels",
     "check_dataset",

@@ -55,11 +55,13 @@ logger = logging.getLogger(__name__)
 class _RunningLoss:
     """The loss summed on the device between logs; read (one host sync) only when logging."""
 
-    def __init__(self, device: torch.device, filter_nonfinite: bool):
+    def __init__(self, device: torch.device, filter_nonfinite: bool, tokens: data.TokenCounter | None = None):
         self.sum = torch.zeros((), device=device, dtype=torch.float64)  # float32 would round long sums
         self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
         self.total = 0.0  # sum of the logged intervals, for train_loss
         self.last_logged_step = 0
+        self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
+        self.flos = 0.0  # this process's floating-point operations in this run
 
     def add(self, step_loss: torch.Tensor) -> None:
         if self.nonfinite is None:
@@ -260,6 +262,8 @@ class Trainer:
                           prefetch_factor=args.dataloader_prefetch_factor,
                           multiprocessing_context=args.dataloader_multiprocessing_context,
                           in_order=args.dataloader_in_order)
+        if data.is_iterable_dataset(dataset) and args.world_size > 1:  # each process its share of a stream
+            dataset = data.IterableShard(dataset, batch_size, args.process_index, args.world_size, args.dataloader_drop_last)
         if sampler is not None:
             kwargs["sampler"] = sampler
         elif not data.is_iterable_dataset(dataset):
@@ -377,7 +381,10 @@ class Trainer:
         self.callback_handler.train_dataloader = train_dataloader
         self._log_run_header(max_steps, batches_per_epoch)
 
-        running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter)
+        main_input = getattr(self.model, "main_input_name", "input_ids")
+        tokens = data.TokenCounter(args.include_num_input_tokens_seen, main_input, getattr(self.processing_class, "pad_token_id", None))
+        running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter, tokens)
+        self._initial_num_input_tokens_seen, self._initial_total_flos = self.state.num_input_tokens_seen, self.state.total_flos
         grad_norm: torch.Tensor | None = None
         learning_rate = 0.0
         start_time = time.time()
@@ -404,6 +411,8 @@ class Trainer:
                     items = None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 for i, inputs in enumerate(window):  # ---- micro-batch: forward + backward
+                    running.tokens.add(inputs)
+                    running.flos += self.floating_point_ops(inputs)
                     last = i == len(window) - 1
                     with contextlib.nullcontext() if last else self.backend.no_sync(model):
                         running.add(self.training_step(model, inputs, items))
@@ -447,10 +456,13 @@ class Trainer:
 
     def _finish_training(self, running: _RunningLoss, start_time: float) -> TrainOutput:
         running.total += self.backend.reduce_mean(running.sum).item()
+        self._store_counts(running)
         steps = self.state.global_step
         train_loss = running.total / max(steps, 1)
         num_samples = steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
-        metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps)
+        tokens = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
+        metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps,
+                                num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = train_loss
         self.log(metrics)
@@ -538,7 +550,32 @@ class Trainer:
 
     # ------------------------------------------------------------------ log / evaluate / save
 
+    def _store_counts(self, running: _RunningLoss) -> None:
+        """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
+        self.state.num_input_tokens_seen = self._initial_num_input_tokens_seen + int(
+            self.backend.reduce_sum(running.tokens.total(self.backend.device)).item())
+        flos = torch.tensor(running.flos, dtype=torch.float64, device=self.backend.device)
+        self.state.total_flos = self._initial_total_flos + self.backend.reduce_sum(flos).item()
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> float:
+        """Forward and backward FLOPs of one batch: the model's ``floating_point_ops(inputs)`` when it
+        has one, else 6 x parameters x tokens of the main input (samples when there is none); for
+        ``transformers`` models the parameters exclude the embeddings, as HF counts.
+
+        Args:
+            inputs: the batch.
+        """
+        model = self.model
+        if callable(getattr(model, "floating_point_ops", None)) and isinstance(inputs, Mapping):
+            return float(model.floating_point_ops(inputs))
+        tokens = data.batch_tokens(inputs, getattr(model, "main_input_name", "input_ids"))
+        if callable(getattr(model, "num_parameters", None)):
+            return 6.0 * tokens * model.num_parameters(exclude_embeddings=True)
+        return 6.0 * tokens * sum(p.numel() for p in model.parameters())
+
     def _maybe_log_save_evaluate(self, running: _RunningLoss, grad_norm, learning_rate: float, model, ignore_keys_for_eval, start_time) -> None:
+        if self.control.should_log or self.control.should_save:
+            self._store_counts(running)
         if self.control.should_log and self.state.global_step > running.last_logged_step:
             interval_loss = self.backend.reduce_mean(running.sum).item()  # the one host sync of a log
             steps = self.state.global_step - running.last_logged_step
@@ -575,6 +612,11 @@ class Trainer:
         """
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+            if start_time is not None:  # HF adds the run's token throughput to the step logs
+                session = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
+                logs.update(speed_metrics("train", start_time, num_tokens=session))
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
 

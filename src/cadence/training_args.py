@@ -267,7 +267,10 @@ class TrainingArguments:
     )
     include_num_input_tokens_seen: str | bool = field(
         default="no",
-        metadata=_help("Count input tokens: 'no', 'all' or 'non_padding' (True means 'all'). Not built yet."),
+        metadata=_help(
+            "Count input tokens into state.num_input_tokens_seen and train_tokens_per_second: 'no', 'all' or "
+            "'non_padding' (True means 'all')."
+        ),
     )
     log_level: str = field(
         default="passive",
@@ -829,7 +832,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "use_liger_kernel": "Liger kernels",
     "neftune_noise_alpha": "NEFTune",
     "auto_find_batch_size": "automatic batch-size search",
-    "include_num_input_tokens_seen": "input-token counting",
     "eval_do_concat_batches=False": "per-batch prediction lists",
     "eval_use_gather_object": "gathering non-tensor outputs",
     "batch_eval_metrics": "per-batch compute_metrics",
