@@ -521,3 +521,74 @@ def test_flos_estimate_without_floating_point_ops(out_dir):
     out = trainer.train()
     assert trainer.state.total_flos == out.metrics["total_flos"] == 6 * 2 * 12  # 6 x 2 parameters x 12 samples
     assert trainer.state.num_input_tokens_seen == 0 and "num_input_tokens_seen" not in trainer.state.log_history[-1]
+
+
+# ---------------------------------------------------------------------------------- auto_find_batch_size
+class OutOfMemoryTagger(torch.nn.Module):
+    """A TokenTagger (float64) that runs out of memory above a batch size once warmed up, like a growing cache."""
+
+    def __init__(self, train_limit=None, eval_limit=None, after_calls=0):
+        super().__init__()
+        from tiny import TokenTagger
+
+        self.inner = TokenTagger(dtype=torch.float64, seed=4)
+        self.train_limit, self.eval_limit, self.after_calls, self.calls, self.ooms = train_limit, eval_limit, after_calls, 0, 0
+
+    def forward(self, input_ids, labels=None):
+        limit = self.train_limit if self.training else self.eval_limit
+        self.calls += 1
+        if limit is not None and input_ids.shape[0] > limit and self.calls > self.after_calls:
+            self.ooms += 1
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected: batch {input_ids.shape[0]} > {limit})")
+        return self.inner(input_ids, labels)
+
+
+def oom_run(out_dir, model, **kw):
+    from tiny import TokenDataset, pad_collate
+
+    args = make_args(out_dir, per_device_train_batch_size=8, gradient_accumulation_steps=2, num_train_epochs=2,
+                     learning_rate=0.05, logging_steps=1, seed=9, **kw)
+    trainer = Trainer(model, args, train_dataset=TokenDataset(60), data_collator=pad_collate)
+    trainer.train()
+    return trainer
+
+
+def test_auto_find_batch_size_keeps_the_global_batch_and_the_weights(out_dir, caplog):
+    reference = oom_run(out_dir, OutOfMemoryTagger())
+    # warm for 3 forward passes, then out of memory above 2: the first failure is the 2nd micro-batch of step 2,
+    # after the 1st had put its gradients in place, so the step must be redone from zeroed gradients
+    model = OutOfMemoryTagger(train_limit=2, after_calls=3)
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        trainer = oom_run(out_dir, model, auto_find_batch_size=True)
+    assert model.ooms == 2  # 8 -> 4 -> 2
+    assert "out of memory at per-device train batch size 8: redoing step 2 with batch 4 x 4 accumulation" in caplog.text
+    assert "out of memory at per-device train batch size 4: redoing step 2 with batch 2 x 8 accumulation" in caplog.text
+    assert trainer.state.train_batch_size == 2 and reference.state.train_batch_size == 8
+    assert trainer.state.global_step == reference.state.global_step == 8  # 8 batches of 8 an epoch -> 4 steps
+    for name, value in reference.model.state_dict().items():
+        assert torch.allclose(trainer.model.state_dict()[name], value, rtol=0, atol=1e-12), name
+    losses = [(h["loss"], r["loss"]) for h, r in zip(trainer.state.log_history, reference.state.log_history) if "loss" in h]
+    assert len(losses) == 8 and all(a == pytest.approx(b, rel=1e-12) for a, b in losses)
+    start = OutOfMemoryTagger().state_dict()
+    assert max((start[k] - v).abs().max().item() for k, v in reference.model.state_dict().items()) > 1e-2  # it trained
+
+
+def test_out_of_memory_without_auto_find_batch_size_is_raised(out_dir):
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        oom_run(out_dir, OutOfMemoryTagger(train_limit=4))
+
+
+def test_eval_out_of_memory_shrinks_only_the_eval_batch(out_dir, caplog):
+    from tiny import TokenDataset, pad_collate
+
+    def evaluate(model, **kw):
+        args = make_args(out_dir, per_device_eval_batch_size=8, **kw)
+        trainer = Trainer(model, args, eval_dataset=TokenDataset(19), data_collator=pad_collate)
+        return trainer, trainer.evaluate()
+
+    _, expected = evaluate(OutOfMemoryTagger())
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        trainer, metrics = evaluate(OutOfMemoryTagger(eval_limit=3), auto_find_batch_size=True)
+    assert metrics["eval_loss"] == pytest.approx(expected["eval_loss"], rel=1e-12)
+    assert trainer.args.per_device_eval_batch_size == 2 and trainer.args.per_device_train_batch_size == 8
+    assert "eval batch size 8: evaluating again with 4" in caplog.text and "with 2" in caplog.text

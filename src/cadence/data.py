@@ -654,6 +654,54 @@ def batch_tokens(inputs: Any, main_input_name: str = "input_ids") -> int:
     return first.shape[0] if first is not None else 0
 
 
+# ---------------------------------------------------------------- micro-batches
+
+
+def _batch_size(batch: Any) -> int | None:
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else [batch]
+    return next((v.shape[0] for v in values if torch.is_tensor(v) and v.dim() > 0), None)
+
+
+def _split(value: Any, size: int, parts: int) -> list:
+    """``value`` cut along its first dimension into ``parts`` pieces when it is per-sample, else repeated."""
+    if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == size:
+        return list(value.tensor_split(parts))
+    if isinstance(value, list) and len(value) == size:
+        step = -(-size // parts)
+        return [value[i * step : (i + 1) * step] for i in range(parts)]
+    return [value] * parts
+
+
+def split_batches(batches: list, parts: int) -> list:
+    """Each collated batch cut into ``parts`` micro-batches along the sample dimension (auto_find_batch_size).
+
+    The samples, their order and their padding stay the same, so the step's loss and gradients do
+    too. Empty pieces (a batch smaller than ``parts``) are left out.
+
+    Example:
+        >>> [b["x"].tolist() for b in split_batches([{"x": torch.arange(4)}], 2)]
+        [[0, 1], [2, 3]]
+    """
+    if parts == 1:
+        return batches
+    out = []
+    for batch in batches:
+        size = _batch_size(batch)
+        if size is None:
+            raise ValueError("auto_find_batch_size needs batches with a tensor of samples to split, got "
+                             f"{type(batch).__name__}")
+        if isinstance(batch, Mapping):
+            pieces = {k: _split(v, size, parts) for k, v in batch.items()}
+            chunks = [{k: p[i] for k, p in pieces.items()} for i in range(parts)]
+        elif isinstance(batch, (tuple, list)):
+            pieces = [_split(v, size, parts) for v in batch]
+            chunks = [type(batch)(p[i] for p in pieces) for i in range(parts)]
+        else:
+            chunks = list(batch.tensor_split(parts))
+        out += [c for c in chunks if _batch_size(c)]
+    return out
+
+
 # ---------------------------------------------------------------- item counting
 
 
@@ -709,6 +757,7 @@ __all__ = [
     "forward_arguments",
     "IterableShard",
     "TokenCounter",
+    "split_batches",
     "count_items",
     "loss_shifts_labels",
     "check_dataset",

@@ -39,6 +39,8 @@ from .trainer_callback import (
 from .trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     EvalLoopOutput,
+    _free_device_memory,
+    _is_out_of_memory,
     PredictionOutput,
     TrainOutput,
     enable_full_determinism,
@@ -172,6 +174,12 @@ class Trainer:
         if self.train_dataset is not None and data.is_iterable_dataset(self.train_dataset) and args.max_steps <= 0:
             raise ValueError(
                 "train_dataset has no length (an IterableDataset), so the number of steps is unknown: set max_steps"
+            )
+        if args.auto_find_batch_size and args.world_size > 1:
+            raise ValueError(
+                f"auto_find_batch_size=True with {args.world_size} processes: an out-of-memory error on one process "
+                "would leave the others waiting at the gradient all-reduce; set auto_find_batch_size=False and choose "
+                "per_device_train_batch_size yourself"
             )
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
@@ -366,6 +374,7 @@ class Trainer:
         ga, world = args.gradient_accumulation_steps, self.backend.world_size
         # count items only where the count changes the result: accumulation or several processes
         count_items = ga > 1 or world > 1
+        split = 1  # each loaded batch is cut into this many micro-batches (auto_find_batch_size raises it)
 
         self.state = TrainerState(
             is_local_process_zero=self.state.is_local_process_zero,
@@ -404,20 +413,30 @@ class Trainer:
                 if not window:
                     break
                 micro_done += len(window)
-                self.current_gradient_accumulation_steps = len(window)
                 items = None
-                if count_items:
+                if count_items or split > 1:
                     items = loss_utils.window_items(window, self._shifts_labels)
                     items = None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
-                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                for i, inputs in enumerate(window):  # ---- micro-batch: forward + backward
+                for inputs in window:
                     running.tokens.add(inputs)
                     running.flos += self.floating_point_ops(inputs)
-                    last = i == len(window) - 1
-                    with contextlib.nullcontext() if last else self.backend.no_sync(model):
-                        running.add(self.training_step(model, inputs, items))
-                    if not last:
-                        self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                while True:  # auto_find_batch_size: a step that runs out of memory is redone in smaller micro-batches
+                    micro_batches = data.split_batches(window, split)
+                    self.current_gradient_accumulation_steps = len(micro_batches)
+                    try:
+                        step_losses = []
+                        for i, inputs in enumerate(micro_batches):  # ---- micro-batch: forward + backward
+                            last = i == len(micro_batches) - 1
+                            with contextlib.nullcontext() if last else self.backend.no_sync(model):
+                                step_losses.append(self.training_step(model, inputs, items))
+                            if not last:
+                                self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
+                        break
+                    except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
+                        split, items = self._shrink_train_batch(error, model, window, split, items)
+                for loss in step_losses:
+                    running.add(loss)
                 # ---- clip, step, schedule
                 if args.max_grad_norm:
                     grad_norm = self.backend.clip_grad_norm(model.parameters(), args.max_grad_norm)
@@ -443,6 +462,37 @@ class Trainer:
                 break
 
         return self._finish_training(running, start_time)
+
+    def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, split: int, items):
+        """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free
+        memory, and cut each batch into twice as many micro-batches, so the per-device batch halves,
+        the accumulation doubles and the global batch stays the same. Returns ``(split, items)``.
+        Any other error, or one at a per-device batch of 1, is re-raised."""
+        batch = self.args.train_batch_size
+        size = -(-batch // split)
+        if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
+            raise error
+        model.zero_grad(set_to_none=True)  # the failed attempt's partial gradients must not count
+        _free_device_memory()
+        split *= 2
+        self.state.train_batch_size = -(-batch // split)
+        logger.warning(
+            "out of memory at per-device train batch size %d: redoing step %d with batch %d x %d accumulation "
+            "(global batch unchanged)", size, self.state.global_step + 1, self.state.train_batch_size,
+            self.args.gradient_accumulation_steps * split,
+        )
+        if items is None:  # micro-batches of a batch differ in items: weigh them by their counts from now on
+            items = loss_utils.window_items(window, self._shifts_labels)
+        return split, items
+
+    def _shrink_eval_batch(self, error: Exception) -> None:
+        """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): halve the eval batch."""
+        size = self.args.per_device_eval_batch_size
+        if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
+            raise error
+        _free_device_memory()
+        self.args.per_device_eval_batch_size = size // 2
+        logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
 
     def _log_run_header(self, max_steps: int, batches_per_epoch: int | None) -> None:
         args = self.args
@@ -674,9 +724,14 @@ class Trainer:
             for name, ds in eval_dataset.items():
                 metrics.update(self.evaluate(ds, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        dataloader = self.get_eval_dataloader(eval_dataset)
         start = time.time()
-        output = self.evaluation_loop(dataloader, "Evaluation", None, ignore_keys, metric_key_prefix)
+        while True:  # auto_find_batch_size: halve the eval batch after an out-of-memory error
+            try:
+                dataloader = self.get_eval_dataloader(eval_dataset)
+                output = self.evaluation_loop(dataloader, "Evaluation", None, ignore_keys, metric_key_prefix)
+                break
+            except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
+                self._shrink_eval_batch(error)
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
                                             num_steps=math.ceil(output.num_samples / self.args.eval_batch_size)))
         self.log(output.metrics)
@@ -690,9 +745,14 @@ class Trainer:
             >>> out = trainer.predict(test_ds)
             >>> out.predictions.shape
         """
-        dataloader = self.get_test_dataloader(test_dataset)
         start = time.time()
-        output = self.evaluation_loop(dataloader, "Prediction", False, ignore_keys, metric_key_prefix)
+        while True:  # auto_find_batch_size: halve the eval batch after an out-of-memory error
+            try:
+                dataloader = self.get_test_dataloader(test_dataset)
+                output = self.evaluation_loop(dataloader, "Prediction", False, ignore_keys, metric_key_prefix)
+                break
+            except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
+                self._shrink_eval_batch(error)
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
                                             num_steps=math.ceil(output.num_samples / self.args.eval_batch_size)))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)

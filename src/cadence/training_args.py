@@ -246,7 +246,11 @@ class TrainingArguments:
         metadata=_help("Call the device's empty_cache() every this many steps (lower peak memory, slower)."),
     )
     auto_find_batch_size: bool = field(
-        default=False, metadata=_help("Halve the batch size and retry after running out of memory. Not built yet.")
+        default=False,
+        metadata=_help(
+            "After an out-of-memory error, halve the per-device batch and double the accumulation (same global "
+            "batch) and redo the step; in evaluation, halve the eval batch. One process only."
+        ),
     )
 
     # --- Logging ---
@@ -831,7 +835,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "torch_compile_mode": "torch.compile",
     "use_liger_kernel": "Liger kernels",
     "neftune_noise_alpha": "NEFTune",
-    "auto_find_batch_size": "automatic batch-size search",
     "eval_do_concat_batches=False": "per-batch prediction lists",
     "eval_use_gather_object": "gathering non-tensor outputs",
     "batch_eval_metrics": "per-batch compute_metrics",
