@@ -258,9 +258,10 @@ def default_data_collator(features: list, return_tensors: str = "pt") -> Any:
     """
     if return_tensors != "pt":
         raise ValueError(f"default_data_collator(return_tensors={return_tensors!r}): cadence collates to torch tensors only; pass 'pt'")
-    features = [_as_mapping(f) for f in features]
     if not isinstance(features[0], Mapping):
-        return torch.utils.data.default_collate(features)
+        features = [_as_mapping(f) for f in features]
+        if not isinstance(features[0], Mapping):
+            return torch.utils.data.default_collate(features)
     _check_same_keys(features)
     batch: dict[str, Any] = {}
     for key, value in features[0].items():
@@ -362,7 +363,8 @@ class DataCollatorWithPadding:
         return 1 if key == "special_tokens_mask" else 0
 
     def __call__(self, features: list[Mapping]) -> dict[str, Any]:
-        features = [_as_mapping(f) for f in features]
+        if not isinstance(features[0], Mapping):
+            features = [_as_mapping(f) for f in features]
         if self.padding in (False, "do_not_pad"):
             return default_data_collator(features)
         _check_same_keys(features)

@@ -616,12 +616,18 @@ class Trainer:
             inputs: the batch.
         """
         model = self.model
-        if callable(getattr(model, "floating_point_ops", None)) and isinstance(inputs, Mapping):
-            return float(model.floating_point_ops(inputs))
-        tokens = data.batch_tokens(inputs, getattr(model, "main_input_name", "input_ids"))
-        if callable(getattr(model, "num_parameters", None)):
-            return 6.0 * tokens * model.num_parameters(exclude_embeddings=True)
-        return 6.0 * tokens * sum(p.numel() for p in model.parameters())
+        rate = self.__dict__.get("_flops_rate")
+        if rate is None or rate[0] is not model:  # looked up once per model: this runs every micro-batch
+            own = getattr(model, "floating_point_ops", None)
+            if callable(getattr(model, "num_parameters", None)):
+                params = model.num_parameters(exclude_embeddings=True)
+            else:
+                params = sum(p.numel() for p in model.parameters())
+            rate = self._flops_rate = (model, own if callable(own) else None, getattr(model, "main_input_name", "input_ids"), 6.0 * params)
+        _, own, main_input, per_token = rate
+        if own is not None and isinstance(inputs, Mapping):
+            return float(own(inputs))
+        return per_token * data.batch_tokens(inputs, main_input)
 
     def _maybe_log_save_evaluate(self, running: _RunningLoss, grad_norm, learning_rate: float, model, ignore_keys_for_eval, start_time) -> None:
         if self.control.should_log or self.control.should_save:
