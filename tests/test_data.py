@@ -592,3 +592,11 @@ def test_eval_out_of_memory_shrinks_only_the_eval_batch(out_dir, caplog):
     assert metrics["eval_loss"] == pytest.approx(expected["eval_loss"], rel=1e-12)
     assert trainer.args.per_device_eval_batch_size == 2 and trainer.args.per_device_train_batch_size == 8
     assert "eval batch size 8: evaluating again with 4" in caplog.text and "with 2" in caplog.text
+
+
+def test_eval_dataloader_by_name_removes_columns_too(out_dir):
+    rows = {"a": [{"input_ids": [1, 2], "labels": 0, "idx": 0}] * 3, "b": [{"input_ids": [3, 4], "labels": 1, "idx": 1}] * 5}
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, per_device_eval_batch_size=2), eval_dataset=rows)
+    loader = trainer.get_eval_dataloader("b")
+    batches = list(loader)
+    assert [b["input_ids"].shape[0] for b in batches] == [2, 2, 1] and set(batches[0]) == {"input_ids", "labels"}

@@ -1,9 +1,17 @@
-"""Dataloaders, the default collators, unused-column removal, the seedable sampler and item counting.
+"""Datasets to batches: samplers, collators, unused-column removal, streams, token and item counting.
 
-The training order is the one `transformers.Trainer` gives for the same seed: epoch ``e`` is the
-permutation ``torch.randperm(n, generator=Generator().manual_seed(seed + e))`` (what accelerate's
-seedable sampler draws), and with N processes, process ``r`` takes every N-th index starting at ``r``,
-so that the N per-process batches of a step hold exactly the samples of the one-process batch.
+- Order. The training order is the one `transformers.Trainer` gives for the same seed: epoch ``e``
+  is ``torch.randperm(n, generator=Generator().manual_seed(seed + e))`` (what accelerate's seedable
+  sampler draws); ``group_by_length`` uses HF's megabatch order drawn from the same generator. With
+  N processes, process ``r`` takes every N-th index starting at ``r``, so the N per-process batches
+  of a step hold exactly the samples of the one-process batch. A stream (``IterableDataset``) is
+  cut per global batch instead (``IterableShard``).
+- Collators follow HF: ``default_data_collator`` stacks, ``DataCollatorWithPadding`` pads to the
+  longest sample; a batch that cannot be made is an error naming the field and the sample.
+- Columns the model's ``forward`` does not accept are dropped: with the column API for Hugging
+  Face ``datasets`` (imported only if the caller already did), in the collator otherwise.
+- Resuming a stream (restoring its position from ``state_dict`` when it has one, else skipping)
+  belongs with the checkpoint code and is not built here yet.
 """
 
 from __future__ import annotations

@@ -65,6 +65,12 @@ class _RunningLoss:
         self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
         self.flos = 0.0  # this process's floating-point operations in this run
 
+    def count(self, window: list, floating_point_ops: Callable) -> None:
+        """Input tokens and FLOPs of one step's batches (no host sync)."""
+        for inputs in window:
+            self.tokens.add(inputs)
+            self.flos += floating_point_ops(inputs)
+
     def add(self, step_loss: torch.Tensor) -> None:
         if self.nonfinite is None:
             self.sum += step_loss
@@ -390,8 +396,8 @@ class Trainer:
         self.callback_handler.train_dataloader = train_dataloader
         self._log_run_header(max_steps, batches_per_epoch)
 
-        main_input = getattr(self.model, "main_input_name", "input_ids")
-        tokens = data.TokenCounter(args.include_num_input_tokens_seen, main_input, getattr(self.processing_class, "pad_token_id", None))
+        tokens = data.TokenCounter(args.include_num_input_tokens_seen, getattr(self.model, "main_input_name", "input_ids"),
+                                   getattr(self.processing_class, "pad_token_id", None))
         running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter, tokens)
         self._initial_num_input_tokens_seen, self._initial_total_flos = self.state.num_input_tokens_seen, self.state.total_flos
         grad_norm: torch.Tensor | None = None
@@ -417,11 +423,9 @@ class Trainer:
                 if count_items or split > 1:
                     items = loss_utils.window_items(window, self._shifts_labels)
                     items = None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
-                for inputs in window:
-                    running.tokens.add(inputs)
-                    running.flos += self.floating_point_ops(inputs)
+                running.count(window, self.floating_point_ops)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                while True:  # auto_find_batch_size: a step that runs out of memory is redone in smaller micro-batches
+                while True:  # auto_find_batch_size redoes a step that ran out of memory in smaller micro-batches
                     micro_batches = data.split_batches(window, split)
                     self.current_gradient_accumulation_steps = len(micro_batches)
                     try:
@@ -483,6 +487,7 @@ class Trainer:
         )
         if items is None:  # micro-batches of a batch differ in items: weigh them by their counts from now on
             items = loss_utils.window_items(window, self._shifts_labels)
+            items = None if items is None else items.to(self.backend.device)
         return split, items
 
     def _shrink_eval_batch(self, error: Exception) -> None:
