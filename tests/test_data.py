@@ -600,3 +600,15 @@ def test_eval_dataloader_by_name_removes_columns_too(out_dir):
     loader = trainer.get_eval_dataloader("b")
     batches = list(loader)
     assert [b["input_ids"].shape[0] for b in batches] == [2, 2, 1] and set(batches[0]) == {"input_ids", "labels"}
+
+
+def test_tuple_and_tensor_datasets_train(out_dir):
+    from tiny import RegressionDataset, RegressionModel
+
+    ds = RegressionDataset(16)
+    tensors = torch.utils.data.TensorDataset(ds.x, ds.y)  # samples are (x, y) tuples: model(x, y)
+    trainer = Trainer(RegressionModel(), make_args(out_dir, max_steps=3, per_device_train_batch_size=4, seed=1),
+                      train_dataset=tensors)
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert isinstance(batch, list) and batch[0].shape == (4,)
+    assert trainer.train().global_step == 3 and trainer.state.total_flos == 6 * 2 * 12
