@@ -231,7 +231,11 @@ def linear_warmup(warmup: int, total: int) -> Callable[[int], float]:
 
 
 def plain_train(model: nn.Module, data: Dataset, wl: Workload) -> list[float]:
-    """A hand-written training loop doing the trainers' work. Returns the logged mean losses."""
+    """A hand-written training loop doing the trainers' work.
+
+    Returns:
+        The mean loss of each logging interval (the last one may be shorter).
+    """
     # the trainers seed their sampler with data_seed; the same order here
     order = RandomSampler(data, generator=torch.Generator().manual_seed(SEED))
     loader = DataLoader(data, batch_size=wl.batch_size, sampler=order)
@@ -257,6 +261,9 @@ def plain_train(model: nn.Module, data: Dataset, wl: Workload) -> list[float]:
                 running.zero_()
             if step >= wl.steps:
                 break
+    tail = wl.steps % wl.logging_steps
+    if tail:  # the steps after the last log, read once at the end as the trainers do
+        logged.append(running.item() / tail)
     return logged
 
 
@@ -321,7 +328,10 @@ def run_plain(wl: Workload) -> tuple[float, dict]:
     t0 = time.perf_counter()
     logged = plain_train(model, data, wl)
     dt = time.perf_counter() - t0
-    return dt, {"loss": statistics.fmean(logged) if logged else math.nan,
+    full, tail = divmod(wl.steps, wl.logging_steps)
+    weights = [wl.logging_steps] * full + ([tail] if tail else [])
+    mean = sum(w * x for w, x in zip(weights, logged)) / wl.steps  # train_loss, as the trainers report it
+    return dt, {"loss": mean,
                 "optimizer": f"AdamW(fused={FUSED_ADAMW or None})"}
 
 

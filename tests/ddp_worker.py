@@ -10,16 +10,30 @@ from tiny import TokenDataset, TokenTagger, TokenTaggerWithItems, pad_collate  #
 from cadence import Trainer, TrainingArguments  # noqa: E402
 
 
-def main(model_name: str, out_file: str, batch: int, ga: int) -> None:
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(TokenDataset(40))
+
+
+# how the data is given: a shuffled map-style set, grouped by length, or a stream
+DATA = {
+    "random": lambda: (TokenDataset(40), {}),
+    "grouped": lambda: (TokenDataset(40), {"group_by_length": True}),
+    "stream": lambda: (Stream(), {"max_steps": 5}),
+}
+
+
+def main(model_name: str, out_file: str, batch: int, ga: int, data: str = "random") -> None:
     torch.set_num_threads(1)
     model_cls = {"plain": TokenTagger, "items": TokenTaggerWithItems}[model_name]
     model = model_cls(dtype=torch.float64)
+    dataset, extra = DATA[data]()
     args = TrainingArguments(
         output_dir=out_file + ".d", per_device_train_batch_size=batch, gradient_accumulation_steps=ga,
         num_train_epochs=2, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant", logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=7, use_cpu=True,
+        save_strategy="no", disable_tqdm=True, seed=7, use_cpu=True, **extra,
     )
-    trainer = Trainer(model, args, train_dataset=TokenDataset(40), data_collator=pad_collate)
+    trainer = Trainer(model, args, train_dataset=dataset, data_collator=pad_collate)
     trainer.train()
     if args.process_index == 0:
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -27,4 +41,4 @@ def main(model_name: str, out_file: str, batch: int, ga: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])

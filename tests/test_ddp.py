@@ -10,13 +10,13 @@ import torch
 HERE = os.path.dirname(__file__)
 
 
-def launch(nproc, model, out, batch, ga):
+def launch(nproc, model, out, batch, ga, data="random"):
     src = os.path.join(os.path.dirname(HERE), "src")  # this checkout's cadence, even beside another install
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
-           os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga)]
+           os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga), data]
     if nproc == 1:
-        cmd = [sys.executable, os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga)]
+        cmd = [sys.executable, os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga), data]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=True)
@@ -61,3 +61,13 @@ def test_two_process_evaluation_equals_one(tmp_path):
     assert one["flags"] == [False] * 6 + [True] and two["flags"] == [False] * 3 + [True]
     assert two["batched"]["eval_accuracy"] == one["batched"]["eval_accuracy"] == one["metrics"]["eval_accuracy"]
     assert two["batched"]["eval_loss"] == pytest.approx(one["metrics"]["eval_loss"], rel=1e-12)
+@pytest.mark.slow
+@pytest.mark.parametrize("data, steps", [("grouped", 6), ("stream", 5)])
+def test_two_processes_equal_one_grouped_and_streamed(data, steps, tmp_path):
+    """group_by_length groups over the global batch and a stream is cut per global batch: N processes = one."""
+    one = launch(1, "plain", str(tmp_path / "one.pt"), batch=8, ga=2, data=data)
+    two = launch(2, "plain", str(tmp_path / "two.pt"), batch=4, ga=2, data=data)
+    assert len(one["losses"]) == len(two["losses"]) == steps
+    assert two["losses"] == pytest.approx(one["losses"], abs=1e-9)
+    for name, value in one["weights"].items():
+        assert torch.allclose(two["weights"][name], value, atol=1e-9, rtol=0), name

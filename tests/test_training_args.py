@@ -116,8 +116,7 @@ def test_enums_are_converted():
         ({"evaluation_strategy": "epoch"}, "eval_strategy", "epoch", None),
         ({"warmup_ratio": 0.1}, "warmup_steps", 0.1, None),
         ({"no_cuda": True}, "use_cpu", True, None),
-        ({"group_by_length": True}, "train_sampling_strategy", "group_by_length",
-         "train_sampling_strategy=group_by_length"),
+        ({"group_by_length": True}, "train_sampling_strategy", "group_by_length", None),
         ({"include_inputs_for_metrics": True}, "include_for_metrics", ["inputs"], None),
     ],
 )

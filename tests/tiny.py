@@ -168,3 +168,30 @@ def lm_collate(features):
     for i, f in enumerate(features):
         batch["attention_mask"][i, : len(f["input_ids"])] = 1
     return batch
+def word_tokenizer(padding_side: str = "right"):
+    """A transformers fast tokenizer over words "w0".."w29" built in memory (no download); [PAD] is id 0."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i + 2 for i in range(30)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]", padding_side=padding_side)
+
+
+class ClassifierModel(nn.Module):
+    """Mean-pooled embedding classifier taking input_ids, attention_mask and labels (HF-style names)."""
+
+    def __init__(self, vocab: int = 32, classes: int = 3, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = nn.Embedding(vocab, 8)
+        self.out = nn.Linear(8, classes)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        pooled = (self.emb(input_ids) * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        logits = self.out(pooled)
+        if labels is None:
+            return {"logits": logits}
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}

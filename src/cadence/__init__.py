@@ -33,6 +33,7 @@ _EXPORTS = {
     "get_last_checkpoint": "trainer_utils",
     "find_executable_batch_size": "trainer_utils",
     "default_data_collator": "data",
+    "DefaultDataCollator": "data",
     "DataCollatorWithPadding": "data",
     "get_scheduler": "optimization",
     "get_linear_schedule_with_warmup": "optimization",
@@ -59,7 +60,7 @@ def __dir__():
 
 
 if TYPE_CHECKING:  # for editors and type checkers only
-    from .data import DataCollatorWithPadding, default_data_collator
+    from .data import DataCollatorWithPadding, DefaultDataCollator, default_data_collator
     from .optimization import Adafactor, get_scheduler
     from .trainer import Trainer
     from .trainer_callback import (

@@ -1,17 +1,26 @@
-"""Dataloaders, the default collators, unused-column removal, the seedable sampler and item counting.
+"""Datasets to batches: samplers, collators, unused-column removal, streams, token and item counting.
 
-The training order is the one `transformers.Trainer` gives for the same seed: epoch ``e`` is the
-permutation ``torch.randperm(n, generator=Generator().manual_seed(seed + e))`` (what accelerate's
-seedable sampler draws), and with N processes, process ``r`` takes every N-th index starting at ``r``,
-so that the N per-process batches of a step hold exactly the samples of the one-process batch.
-Evaluation keeps dataset order instead: process ``r`` takes whole batches ``r, r+N, ...`` of the
-one-process batch list (``EvalBatchSampler``), and the batch that only pads is marked, not counted.
+- Order. The training order is the one `transformers.Trainer` gives for the same seed: epoch ``e``
+  is ``torch.randperm(n, generator=Generator().manual_seed(seed + e))`` (what accelerate's seedable
+  sampler draws); ``group_by_length`` uses HF's megabatch order drawn from the same generator. With
+  N processes, process ``r`` takes every N-th index starting at ``r``, so the N per-process batches
+  of a step hold exactly the samples of the one-process batch. A stream (``IterableDataset``) is
+  cut per global batch instead (``IterableShard``). Evaluation keeps dataset order: process ``r``
+  takes whole batches ``r, r+N, ...`` of the one-process batch list (``EvalBatchSampler``), and
+  the batch that only pads is marked, not counted.
+- Collators follow HF: ``default_data_collator`` stacks, ``DataCollatorWithPadding`` pads to the
+  longest sample; a batch that cannot be made is an error naming the field and the sample.
+- Columns the model's ``forward`` does not accept are dropped: with the column API for Hugging
+  Face ``datasets`` (imported only if the caller already did), in the collator otherwise.
+- Resuming a stream (restoring its position from ``state_dict`` when it has one, else skipping)
+  belongs with the checkpoint code and is not built here yet.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 
@@ -102,52 +111,268 @@ class EvalBatchSampler(Sampler[list[int]]):
             yield list(range(start, min(start + self.batch_size, self.num_samples)))
 
 
+def length_grouped_indices(lengths: list[int], batch_size: int, mega_batch_mult: int | None = None,
+                           generator: torch.Generator | None = None) -> list[int]:
+    """A random order in which each run of ``batch_size`` indices has similar lengths (HF's megabatches).
+
+    The indices are shuffled, cut into megabatches of ``mega_batch_mult * batch_size`` (default:
+    ``min(n // (4 * batch_size), 50)``, at least 1), each sorted longest first; the longest sample
+    of all is swapped to the very front, so an out-of-memory error shows on the first step.
+
+    Args:
+        lengths: the length of each sample.
+        batch_size: the number of samples that are padded together.
+        mega_batch_mult: megabatch size in batches.
+        generator: the torch generator of the shuffle.
+
+    Example:
+        >>> length_grouped_indices([1, 5, 2, 9], 2, generator=torch.Generator().manual_seed(0))[0]
+        3
+    """
+    if mega_batch_mult is None:
+        mega_batch_mult = max(min(len(lengths) // (batch_size * 4), 50), 1)
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    size = mega_batch_mult * batch_size
+    megabatches = [sorted(order[i : i + size], key=lengths.__getitem__, reverse=True) for i in range(0, len(order), size)]
+    longest = max(range(len(megabatches)), key=lambda m: (lengths[megabatches[m][0]], -m))  # first of the longest
+    megabatches[0][0], megabatches[longest][0] = megabatches[longest][0], megabatches[0][0]
+    return [i for megabatch in megabatches for i in megabatch]
+
+
+class LengthGroupedSampler(Sampler[int]):
+    """Samples grouped by length (less padding), still shuffled; deterministic per seed and epoch.
+
+    HF's arguments, plus ``seed``/``rank``/``world_size``. Without a ``generator`` the order of epoch
+    ``e`` is drawn from ``Generator().manual_seed(seed + e)``. With several processes the grouping
+    is done over the global batch (``batch_size`` should be per-device batch x accumulation x
+    processes) and each process takes every ``world_size``-th index, as ``EpochSampler`` does, so
+    the processes of one step see samples of similar length.
+
+    Args:
+        batch_size: samples padded together (one optimizer step's, over all processes).
+        dataset: samples with ``model_input_name`` (default ``input_ids``) to measure; or give ``lengths``.
+        lengths: the length of each sample.
+        model_input_name: the key measured when ``lengths`` is None.
+        generator: a torch generator to draw every epoch from (HF's behaviour); None: ``seed + epoch``.
+        seed, rank, world_size: see above.
+
+    Example:
+        >>> s = LengthGroupedSampler(2, lengths=[3, 8, 1, 7, 2, 9])
+        >>> [[3, 8, 1, 7, 2, 9][i] for i in s][0]
+        9
+    """
+
+    def __init__(self, batch_size: int, dataset: Any = None, lengths: list[int] | None = None,
+                 model_input_name: str | None = None, generator: torch.Generator | None = None, *,
+                 seed: int = 0, rank: int = 0, world_size: int = 1):
+        if lengths is None:
+            if dataset is None:
+                raise ValueError("LengthGroupedSampler needs lengths=... or a dataset to measure")
+            lengths = sample_lengths(dataset, model_input_name or "input_ids")
+        self.lengths = lengths.tolist() if isinstance(lengths, (torch.Tensor, np.ndarray)) else list(lengths)
+        self.batch_size, self.generator, self.seed = batch_size, generator, seed
+        self.rank, self.world_size, self.epoch = rank, world_size, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-len(self.lengths) // self.world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        generator = self.generator if self.generator is not None else torch.Generator().manual_seed(self.seed + self.epoch)
+        order = length_grouped_indices(self.lengths, self.batch_size, generator=generator)
+        order += order[: len(self) * self.world_size - len(order)]  # equal shares for every process
+        return iter(order[self.rank :: self.world_size])
+
+
+def sample_lengths(dataset: Any, key: str, length_column: str | None = None) -> list[int]:
+    """The length of every sample: a precomputed ``length_column`` if the dataset has one, else ``len(sample[key])``.
+
+    A Hugging Face ``datasets.Dataset`` is read column-wise (fast); other datasets sample by sample.
+    """
+    columns = _hf_columns(dataset)
+    if columns is not None:
+        if length_column in columns:
+            return list(dataset[length_column])
+        if key in columns:
+            return [len(v) for v in dataset[key]]
+    first = _as_mapping(dataset[0])
+    if not isinstance(first, Mapping) or (key not in first and length_column not in first):
+        raise ValueError(
+            f"group_by_length needs the length of each sample: the samples have no '{key}' field"
+            + (f" and no '{length_column}' column" if length_column else "")
+            + f" (sample 0 is {type(first).__name__}{' with keys ' + str(sorted(first)) if isinstance(first, Mapping) else ''}); "
+            "add a length column (length_column_name) or an input_ids field"
+        )
+    name = length_column if length_column in first else key
+    lengths = []
+    for i in range(len(dataset)):
+        value = _as_mapping(dataset[i])[name]
+        lengths.append(int(value) if name == length_column else len(value))
+    return lengths
+
+
+def set_epoch(dataloader: DataLoader, epoch: int) -> None:
+    """Tell the sampler and the dataset (e.g. a shuffling ``datasets.IterableDataset``) the epoch."""
+    for owner in (getattr(dataloader, "sampler", None), getattr(dataloader, "dataset", None)):
+        if callable(getattr(owner, "set_epoch", None)):
+            owner.set_epoch(epoch)
+
+
 # ---------------------------------------------------------------- collators
 
 
-def _to_tensor(values: list) -> torch.Tensor:
+def _as_mapping(sample: Any) -> Any:
+    """HF's rule: a dataclass or plain object sample (e.g. ``InputFeatures``) is read as its fields."""
+    if isinstance(sample, Mapping) or isinstance(sample, (tuple, list, torch.Tensor, np.ndarray)):
+        return sample
+    return vars(sample) if hasattr(sample, "__dict__") else sample
+
+
+def _check_same_keys(features: list[Mapping]) -> None:
+    """Every sample of a batch has the keys of the first; else an error naming the sample and the keys."""
+    keys = features[0].keys()
+    for i, f in enumerate(features[1:], start=1):
+        if f.keys() != keys:
+            missing, extra = sorted(set(keys) - set(f)), sorted(set(f) - set(keys))
+            raise ValueError(
+                f"sample {i} of the batch has different keys from sample 0 (missing {missing}, extra {extra}): every "
+                "sample must have the same fields; fix the dataset's __getitem__ or drop the field in a collator"
+            )
+
+
+def _field_error(key: str, values: list, error: Exception) -> ValueError:
+    """Why the values of one field cannot become one tensor, naming the field and the first odd sample."""
+    for i, v in enumerate(values):
+        if isinstance(v, str) or (isinstance(v, (list, tuple)) and any(isinstance(x, str) for x in v)):
+            return ValueError(
+                f"field '{key}' of sample {i} of the batch holds text ({v!r:.60}), not numbers: tokenize it in the "
+                "dataset, or drop the field (remove_unused_columns=True drops fields the model does not accept)"
+            )
+    shapes = [tuple(np.shape(v)) for v in values]
+    for i, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            return ValueError(
+                f"field '{key}': sample {i} of the batch has shape {shape} but sample 0 has {shapes[0]}, so they cannot "
+                "be stacked; pad them with a padding collator (data_collator=DataCollatorWithPadding(tokenizer) or "
+                "processing_class=tokenizer), or make the samples the same size"
+            )
+    return ValueError(f"cannot stack field '{key}' into a batch tensor: {error}")
+
+
+def _to_tensor(key: str, values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
     first = values[0]
-    if isinstance(first, torch.Tensor):
-        return torch.stack(values)
-    if isinstance(first, np.ndarray):
-        return torch.from_numpy(np.stack(values))
-    return torch.tensor(values)
+    try:
+        if isinstance(first, torch.Tensor):
+            return torch.stack(values)
+        if isinstance(first, np.ndarray):
+            return torch.from_numpy(np.stack(values))
+        return torch.tensor(values, dtype=dtype)
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise _field_error(key, values, e) from e
 
 
-def default_data_collator(features: list) -> dict[str, Any]:
+def _labels(key: str, values: list) -> torch.Tensor:
+    """HF's label types: ``label`` ids become int64 (float32 for other numbers); ``label_ids`` keep a
+    tensor's dtype, and a list's type follows its first element."""
+    first = values[0]
+    if key == "label_ids" and isinstance(first, (torch.Tensor, np.ndarray)):
+        return _to_tensor(key, values)
+    probe = first.reshape(-1)[0].item() if isinstance(first, (torch.Tensor, np.ndarray)) and np.size(first) else first
+    if isinstance(probe, (list, tuple)):
+        probe = probe[0] if probe else 0
+    is_int = isinstance(probe, (int, np.integer))  # bool is an int here, as in HF
+    dtype = torch.long if is_int else torch.float
+    return _to_tensor(key, values).to(dtype) if isinstance(first, (torch.Tensor, np.ndarray)) else _to_tensor(key, values, dtype)
+
+
+def default_data_collator(features: list, return_tensors: str = "pt") -> Any:
     """Stack a list of samples (dicts of tensors, arrays, numbers or lists) into one batch dict.
 
-    ``label`` and ``label_ids`` become ``labels`` (HF's rule); ``None`` values and strings are left
-    out of the tensors. Samples that are not mappings go through torch's ``default_collate``.
+    HF's rules: ``label`` and ``label_ids`` become ``labels`` (int64 for integer ids, float32
+    otherwise); fields that are ``None`` or strings in the first sample are left out. Samples that
+    are dataclasses are read as their fields; tuples and tensors go through torch's ``default_collate``.
+
+    Args:
+        features: the samples of one batch.
+        return_tensors: only ``"pt"`` (HF's other values are for TensorFlow/numpy pipelines).
+
+    Returns:
+        a dict of tensors (or the ``default_collate`` result for non-dict samples).
 
     Example:
         >>> default_data_collator([{"x": [1, 2], "label": 0}, {"x": [3, 4], "label": 1}])["labels"]
         tensor([0, 1])
     """
+    if return_tensors != "pt":
+        raise ValueError(f"default_data_collator(return_tensors={return_tensors!r}): cadence collates to torch tensors only; pass 'pt'")
     if not isinstance(features[0], Mapping):
-        return torch.utils.data.default_collate(features)
+        features = [_as_mapping(f) for f in features]
+        if not isinstance(features[0], Mapping):
+            return torch.utils.data.default_collate(features)
+    _check_same_keys(features)
     batch: dict[str, Any] = {}
     for key, value in features[0].items():
         if value is None or isinstance(value, str):
             continue
-        name = "labels" if key in ("label", "label_ids") else key
-        try:
-            batch[name] = _to_tensor([f[key] for f in features])
-        except (ValueError, RuntimeError, TypeError) as e:
-            raise ValueError(
-                f"cannot stack field '{key}' into a batch ({e}); samples of different lengths need a padding "
-                "collator: pass data_collator=DataCollatorWithPadding(...) or a processing_class with pad_token_id"
-            ) from e
+        values = [f[key] for f in features]
+        if key in ("label", "label_ids"):
+            if "labels" in batch:
+                continue  # HF keeps the first label field only
+            batch["labels"] = _labels(key, values)
+        else:
+            batch[key] = _to_tensor(key, values)
     return batch
 
 
+class DefaultDataCollator:
+    """The class form of ``default_data_collator`` (HF's ``DefaultDataCollator``).
+
+    Example:
+        >>> DefaultDataCollator()([{"x": 1.0}, {"x": 2.0}])["x"]
+        tensor([1., 2.])
+    """
+
+    def __init__(self, return_tensors: str = "pt"):
+        self.return_tensors = return_tensors
+
+    def __call__(self, features: list, return_tensors: str | None = None) -> Any:
+        return default_data_collator(features, return_tensors or self.return_tensors)
+
+
+def _longest(lengths: list[int], max_length: int | None) -> int:
+    return max(lengths)
+
+
+def _to_max_length(lengths: list[int], max_length: int | None) -> int:
+    if max_length is None:
+        raise ValueError("DataCollatorWithPadding(padding='max_length') needs max_length=...")
+    return max(max_length, max(lengths))
+
+
+# padding strategy -> the length a batch is padded to (before rounding up to pad_to_multiple_of)
+_PAD_LENGTH: dict[Any, Callable[[list[int], int | None], int]] = {
+    True: _longest, "longest": _longest, "max_length": _to_max_length,
+}
+
+
 class DataCollatorWithPadding:
-    """Pad ``input_ids``-like fields to the longest sample of the batch; labels are padded with -100.
+    """Pad the sequence fields of a batch to its longest sample (HF's dynamic padding).
+
+    ``input_ids`` (and the tokenizer's main input) take ``pad_token_id``, labels -100 (the loss
+    ignores them), ``attention_mask`` and other fields 0, ``special_tokens_mask`` 1. With a tokenizer
+    whose ``model_input_names`` include ``attention_mask``, a missing mask is created, as
+    ``tokenizer.pad`` does. The tokenizer's ``padding_side`` is respected.
 
     Args:
-        tokenizer: anything with ``pad_token_id`` (a ``transformers`` tokenizer works); or pass ``pad_token_id``.
-        pad_token_id: the id for padded input positions when there is no tokenizer.
+        tokenizer: anything with ``pad_token_id`` (a ``transformers`` tokenizer works), or None.
+        padding: ``True``/``"longest"`` (the longest sample), ``"max_length"`` (``max_length``), or
+            ``False``/``"do_not_pad"`` (stack as they are).
+        max_length: the length for ``padding="max_length"``.
         pad_to_multiple_of: round the padded length up to a multiple of this (helps kernels and compile).
+        return_tensors: only ``"pt"``.
+        pad_token_id: the id of padded input positions when there is no tokenizer.
 
     Example:
         >>> c = DataCollatorWithPadding(pad_token_id=0)
@@ -155,56 +380,212 @@ class DataCollatorWithPadding:
         [[5, 6, 7], [8, 0, 0]]
     """
 
-    def __init__(self, tokenizer: Any = None, pad_token_id: int | None = None, pad_to_multiple_of: int | None = None):
-        if pad_token_id is None:
-            pad_token_id = getattr(tokenizer, "pad_token_id", None)
-        if pad_token_id is None:
+    def __init__(self, tokenizer: Any = None, padding: bool | str = True, max_length: int | None = None,
+                 pad_to_multiple_of: int | None = None, return_tensors: str = "pt", *, pad_token_id: int | None = None):
+        if tokenizer is None and pad_token_id is None:
             raise ValueError("DataCollatorWithPadding needs a pad id: pass pad_token_id=... or a tokenizer with pad_token_id set")
-        self.pad_token_id, self.pad_to_multiple_of = pad_token_id, pad_to_multiple_of
+        padding = getattr(padding, "value", padding)  # HF's PaddingStrategy enum
+        if padding not in (*_PAD_LENGTH, False, "do_not_pad"):
+            raise ValueError(f"DataCollatorWithPadding(padding={padding!r}): pass True, 'longest', 'max_length' or False")
+        if return_tensors != "pt":
+            raise ValueError(f"DataCollatorWithPadding(return_tensors={return_tensors!r}): cadence collates to torch tensors only; pass 'pt'")
+        self.tokenizer, self.padding, self.max_length = tokenizer, padding, max_length
+        self.pad_to_multiple_of, self.return_tensors = pad_to_multiple_of, return_tensors
+        self.pad_token_id = pad_token_id if pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
+        names = list(getattr(tokenizer, "model_input_names", None) or ["input_ids"])
+        self.main_input = names[0]
+        self.make_attention_mask = tokenizer is not None and "attention_mask" in names
+        self.left = getattr(tokenizer, "padding_side", "right") == "left"
 
     def _pad_value(self, key: str) -> int:
         if key in LABEL_COLUMNS:
             return IGNORE_INDEX
-        return 0 if "mask" in key or key == "token_type_ids" else self.pad_token_id
+        if key in ("input_ids", self.main_input):
+            if self.pad_token_id is None:
+                raise ValueError(
+                    f"the samples of this batch have different lengths but {type(self.tokenizer).__name__} has no "
+                    "pad_token_id: set one (e.g. tokenizer.pad_token = tokenizer.eos_token) or pass pad_token_id=..."
+                )
+            return self.pad_token_id
+        if key == "token_type_ids":
+            return getattr(self.tokenizer, "pad_token_type_id", 0)
+        return 1 if key == "special_tokens_mask" else 0
 
     def __call__(self, features: list[Mapping]) -> dict[str, Any]:
+        if not isinstance(features[0], Mapping):
+            features = [_as_mapping(f) for f in features]
+        if self.padding in (False, "do_not_pad"):
+            return default_data_collator(features)
+        _check_same_keys(features)
+        first = features[0]
+        if self.make_attention_mask and "attention_mask" not in first and self.main_input in first:
+            features = [{**f, "attention_mask": [1] * len(f[self.main_input])} for f in features]
         batch: dict[str, Any] = {}
         for key, value in features[0].items():
-            name = "labels" if key in ("label", "label_ids") else key
             if value is None or isinstance(value, str):
                 continue
-            rows = [torch.as_tensor(f[key]) for f in features]
-            if rows[0].dim() == 0:
-                batch[name] = torch.stack(rows)
+            name = "labels" if key in ("label", "label_ids") else key
+            if name in batch:
                 continue
-            length = max(r.shape[0] for r in rows)
-            if self.pad_to_multiple_of:
-                length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
-            padded = torch.full((len(rows), length, *rows[0].shape[1:]), self._pad_value(key), dtype=rows[0].dtype)
-            for i, r in enumerate(rows):
-                padded[i, : r.shape[0]] = r
-            batch[name] = padded
+            try:
+                rows = [torch.as_tensor(f[key]) for f in features]
+            except (ValueError, RuntimeError, TypeError) as e:
+                raise _field_error(key, [f[key] for f in features], e) from e
+            if rows[0].dim() == 0:
+                batch[name] = _to_tensor(key, rows)
+                continue
+            batch[name] = self._pad(key, rows)
         return batch
+
+    def _pad(self, key: str, rows: list[torch.Tensor]) -> torch.Tensor:
+        lengths = [r.shape[0] for r in rows]
+        if len(set(lengths)) == 1 and self.padding != "max_length" and not self.pad_to_multiple_of:
+            return _to_tensor(key, rows)  # nothing to pad (and no pad id needed)
+        length = _PAD_LENGTH[self.padding](lengths, self.max_length)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        tail = rows[0].shape[1:]
+        for i, r in enumerate(rows):
+            if r.dim() == 0 or r.shape[1:] != tail:
+                raise ValueError(
+                    f"field '{key}': sample {i} of the batch has shape {tuple(r.shape)} but sample 0 has "
+                    f"{tuple(rows[0].shape)}; only the first dimension can be padded"
+                )
+        padded = torch.full((len(rows), length, *tail), self._pad_value(key), dtype=rows[0].dtype)
+        for i, r in enumerate(rows):
+            if self.left:
+                padded[i, length - r.shape[0]:] = r
+            else:
+                padded[i, : r.shape[0]] = r
+        return padded
 
 
 class RemoveColumnsCollator:
-    """Drop the keys the model's ``forward`` does not accept before collating (for dict datasets)."""
+    """Drop the keys the model's ``forward`` does not accept, then collate (dict datasets and streams).
 
-    def __init__(self, collator: Callable, keep: set[str]):
-        self.collator, self.keep = collator, keep
+    The first batch is checked: the dropped keys are logged once, and a batch with no accepted key
+    left is an error naming the sample's keys and the accepted ones.
+
+    Args:
+        data_collator: the collator that gets the reduced samples.
+        signature_columns: the keys to keep (the model's arguments and the label columns).
+        logger: where the dropped keys are logged (default: this module's).
+        model_name, description: for the messages (e.g. ``"GPT2LMHeadModel"``, ``"training"``).
+    """
+
+    def __init__(self, data_collator: Callable, signature_columns, logger: logging.Logger | None = None,
+                 model_name: str | None = None, description: str | None = None):
+        self.data_collator, self.keep = data_collator, set(signature_columns)
+        self.logger, self.model_name, self.description = logger or globals()["logger"], model_name or "the model", description
+        self.checked = False
 
     def __call__(self, features: list) -> Any:
         if isinstance(features[0], Mapping):
+            if not self.checked:
+                self.checked = True
+                check_columns(list(features[0]), self.keep, self.model_name, self.description, self.logger)
             features = [{k: v for k, v in f.items() if k in self.keep} for f in features]
-        return self.collator(features)
+        return self.data_collator(features)
+
+
+def check_columns(columns: list[str], accepted: set[str], model_name: str, description: str | None,
+                  log: logging.Logger | None = None) -> list[str]:
+    """The columns to drop; logs them, and refuses a dataset with no accepted column.
+
+    Returns:
+        the names in ``columns`` that are not in ``accepted``.
+    """
+    dropped = [c for c in columns if c not in accepted]
+    where = f" of the {description} dataset" if description else ""
+    if dropped and len(dropped) == len(columns):
+        raise ValueError(
+            f"no column{where} is an argument of {model_name}.forward: the dataset has {sorted(columns)}, the model "
+            f"accepts {sorted(accepted)}; rename the columns to the model's argument names, or set "
+            "remove_unused_columns=False to pass them as they are"
+        )
+    if dropped:
+        (log or logger).info("columns%s not accepted by %s.forward, removed: %s", where, model_name, ", ".join(dropped))
+    return dropped
+
+
+def _refuse_text_inputs(sample: Mapping, accepted: set[str], collator: Callable, description: str | None) -> None:
+    """A model argument holding text would be left out by cadence's collators (which skip strings, as
+    HF's do) and the model would then miss it: say so before the first step."""
+    if not isinstance(collator, (DataCollatorWithPadding, DefaultDataCollator)) and collator is not default_data_collator:
+        return  # a custom collator may tokenize text itself
+    for key, value in sample.items():
+        if key in accepted and isinstance(value, str):
+            where = f" of the {description} dataset" if description else ""
+            raise ValueError(
+                f"field '{key}'{where} holds text ({value!r:.40}) but is an input of the model, which needs tensors: "
+                "tokenize the dataset first (e.g. dataset.map(lambda r: tokenizer(r['text']))), or pass a "
+                "data_collator that turns the text into tensors"
+            )
+
+
+def _hf_columns(dataset: Any) -> list[str] | None:
+    """The column names of a Hugging Face ``datasets`` dataset (None for other datasets or unknown columns)."""
+    hf = sys.modules.get("datasets")  # an instance implies the module is loaded: no import needed
+    if hf is None or not isinstance(dataset, (hf.Dataset, hf.IterableDataset)):
+        return None
+    return dataset.column_names  # None for a stream whose features are not known yet
+
+
+def drop_unused_columns(dataset: Any, collator: Callable, accepted: set[str] | None, model_name: str,
+                        description: str | None = None) -> tuple[Any, Callable]:
+    """Remove the columns the model does not accept: from a ``datasets`` dataset with its column API,
+    else in the collator (map-style dict datasets are checked now, on their first sample).
+
+    Args:
+        dataset: the dataset.
+        collator: the data collator.
+        accepted: the names to keep (see ``forward_arguments``); None keeps everything.
+        model_name, description: for the log line and errors.
+
+    Returns:
+        ``(dataset, collator)``, either of them replaced when columns are dropped.
+    """
+    if accepted is None:
+        return dataset, collator
+    columns = _hf_columns(dataset)
+    if columns is not None:
+        dropped = check_columns(columns, accepted, model_name, description)
+        features = getattr(dataset, "features", None) or {}
+        _refuse_text_inputs({c: "<a string column>" for c in columns if getattr(features.get(c), "dtype", None) == "string"},
+                            set(columns) - set(dropped), collator, description)
+        return (dataset.remove_columns(dropped) if dropped else dataset), collator
+    if not is_iterable_dataset(dataset):
+        sample = _as_mapping(dataset[0])
+        if isinstance(sample, Mapping):
+            _refuse_text_inputs(sample, accepted, collator, description)
+        if not isinstance(sample, Mapping) or not [k for k in sample if k not in accepted]:
+            return dataset, collator  # nothing to drop: no wrapper on the hot path
+        check_columns(list(sample), accepted, model_name, description)
+        remover = RemoveColumnsCollator(collator, accepted, logger, model_name, description)
+        remover.checked = True  # already logged
+        return dataset, remover
+    return dataset, RemoveColumnsCollator(collator, accepted, logger, model_name, description)
+
+
+def _peft_base(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model inside a PEFT-style wrapper (``get_base_model()`` or ``base_model.model``), else None."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        return get_base()
+    return getattr(getattr(model, "base_model", None), "model", None)
 
 
 def forward_arguments(model: torch.nn.Module) -> set[str] | None:
     """Names ``model.forward`` accepts, plus the label columns; None when it takes ``**kwargs`` only.
 
-    Looks through PEFT-style wrappers (``base_model.model``) to the model that names its inputs.
+    Looks through PEFT-style wrappers (``get_base_model()``, ``base_model.model``) to the model that
+    names its inputs, as HF does.
+
+    Example:
+        >>> sorted(forward_arguments(torch.nn.Linear(1, 1)))
+        ['input', 'label', 'label_ids', 'labels']
     """
-    for candidate in (model, getattr(model, "base_model", None), getattr(getattr(model, "base_model", None), "model", None)):
+    for candidate in (_peft_base(model), model):
         if candidate is None:
             continue
         params = inspect.signature(candidate.forward).parameters
@@ -214,11 +595,162 @@ def forward_arguments(model: torch.nn.Module) -> set[str] | None:
     return None
 
 
-def unused_columns(sample: Any, accepted: set[str] | None) -> list[str]:
-    """Keys of a dict sample that the model does not accept (empty for other samples)."""
-    if accepted is None or not isinstance(sample, Mapping):
-        return []
-    return [k for k in sample if k not in accepted]
+# ---------------------------------------------------------------- iterable datasets
+
+
+class IterableShard(IterableDataset):
+    """One process's share of a stream: of every ``batch_size * world_size`` samples, the ``rank``-th
+    run of ``batch_size`` (so the processes' batches of a step are the one-process global batch).
+
+    The last, incomplete global batch is dropped with ``drop_last``; otherwise it is completed with
+    the first samples of the stream, so every process gets the same number of batches and none waits
+    at a collective for another.
+
+    Args:
+        dataset: a torch or Hugging Face iterable dataset.
+        batch_size: the per-process batch size.
+        rank, world_size: this process and the number of processes.
+        drop_last: drop the incomplete last global batch.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int, rank: int, world_size: int, drop_last: bool = False):
+        self.dataset, self.batch_size, self.rank, self.world_size, self.drop_last = dataset, batch_size, rank, world_size, drop_last
+
+    def set_epoch(self, epoch: int) -> None:
+        if callable(getattr(self.dataset, "set_epoch", None)):
+            self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        size = self.batch_size * self.world_size
+        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        head: list = []  # the stream's first samples, to complete a short last batch
+        buffer: list = []
+        for sample in self.dataset:
+            buffer.append(sample)
+            if len(head) < size:
+                head.append(sample)
+            if len(buffer) == size:
+                yield from buffer[mine]
+                buffer = []
+        if buffer and not self.drop_last:
+            while len(buffer) < size:
+                buffer += head[: size - len(buffer)]
+            yield from buffer[mine]
+
+
+# ---------------------------------------------------------------- token counting
+
+
+class TokenCounter:
+    """Input tokens trained on (``include_num_input_tokens_seen``); summed without a host sync per step.
+
+    ``"all"`` counts every position of the main input (its shape: free); ``"non_padding"`` counts
+    the ``attention_mask`` ones, else positions that are not ``pad_token_id``, on the device.
+
+    Args:
+        mode: ``"no"``, ``"all"`` or ``"non_padding"``.
+        main_input_name: the key of the token ids (``model.main_input_name``, default ``input_ids``).
+        pad_token_id: the padding id, for ``"non_padding"`` without an attention mask.
+
+    Example:
+        >>> c = TokenCounter("all")
+        >>> c.add({"input_ids": torch.ones(2, 3)})
+        >>> int(c.total())
+        6
+    """
+
+    def __init__(self, mode: str, main_input_name: str = "input_ids", pad_token_id: int | None = None):
+        self.mode, self.key, self.pad_token_id = mode, main_input_name, pad_token_id
+        self.host = 0  # counts known from shapes
+        self.device: torch.Tensor | None = None  # counts that need the data; stays on its device
+        self.warned = False
+
+    def add(self, inputs: Any) -> None:
+        if self.mode == "no":
+            return
+        ids = inputs.get(self.key) if isinstance(inputs, Mapping) else None
+        if ids is None:
+            if not self.warned:
+                self.warned = True
+                logger.warning("include_num_input_tokens_seen: the batches have no '%s' to count; set "
+                               "model.main_input_name to the key of the token ids", self.key)
+            return
+        mask = inputs.get("attention_mask")
+        if self.mode == "non_padding" and (mask is not None or self.pad_token_id is not None):
+            count = mask.sum() if mask is not None else ids.ne(self.pad_token_id).sum()
+            self.device = count if self.device is None else self.device + count
+        else:
+            if self.mode == "non_padding" and not self.warned:
+                self.warned = True
+                logger.warning("include_num_input_tokens_seen='non_padding': the batches have no attention_mask and "
+                               "there is no pad_token_id, so every token is counted")
+            self.host += ids.numel()
+
+    def total(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The count so far as an int64 tensor on ``device`` (reading it is the host sync)."""
+        total = torch.tensor(self.host, dtype=torch.long, device=device)
+        return total if self.device is None else total + self.device.to(device, torch.long)
+
+
+def batch_tokens(inputs: Any, main_input_name: str = "input_ids") -> int:
+    """Positions of the main input (its ``numel``), else the batch size: the "tokens" of a FLOP estimate."""
+    if isinstance(inputs, Mapping):
+        ids = inputs.get(main_input_name)
+        if torch.is_tensor(ids):
+            return ids.numel()
+        values = inputs.values()
+    else:
+        values = inputs if isinstance(inputs, (tuple, list)) else [inputs]
+    first = next((v for v in values if torch.is_tensor(v) and v.dim() > 0), None)
+    return first.shape[0] if first is not None else 0
+
+
+# ---------------------------------------------------------------- micro-batches
+
+
+def _batch_size(batch: Any) -> int | None:
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else [batch]
+    return next((v.shape[0] for v in values if torch.is_tensor(v) and v.dim() > 0), None)
+
+
+def _split(value: Any, size: int, parts: int) -> list:
+    """``value`` cut along its first dimension into ``parts`` pieces when it is per-sample, else repeated."""
+    if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == size:
+        return list(value.tensor_split(parts))
+    if isinstance(value, list) and len(value) == size:
+        step = -(-size // parts)
+        return [value[i * step : (i + 1) * step] for i in range(parts)]
+    return [value] * parts
+
+
+def split_batches(batches: list, parts: int) -> list:
+    """Each collated batch cut into ``parts`` micro-batches along the sample dimension (auto_find_batch_size).
+
+    The samples, their order and their padding stay the same, so the step's loss and gradients do
+    too. Empty pieces (a batch smaller than ``parts``) are left out.
+
+    Example:
+        >>> [b["x"].tolist() for b in split_batches([{"x": torch.arange(4)}], 2)]
+        [[0, 1], [2, 3]]
+    """
+    if parts == 1:
+        return batches
+    out = []
+    for batch in batches:
+        size = _batch_size(batch)
+        if size is None:
+            raise ValueError("auto_find_batch_size needs batches with a tensor of samples to split, got "
+                             f"{type(batch).__name__}")
+        if isinstance(batch, Mapping):
+            pieces = {k: _split(v, size, parts) for k, v in batch.items()}
+            chunks = [{k: p[i] for k, p in pieces.items()} for i in range(parts)]
+        elif isinstance(batch, (tuple, list)):
+            pieces = [_split(v, size, parts) for v in batch]
+            chunks = [type(batch)(p[i] for p in pieces) for i in range(parts)]
+        else:
+            chunks = list(batch.tensor_split(parts))
+        out += [c for c in chunks if _batch_size(c)]
+    return out
 
 
 # ---------------------------------------------------------------- item counting
@@ -271,10 +803,17 @@ def check_dataset(dataset: Any, name: str) -> None:
 __all__ = [
     "EpochSampler",
     "EvalBatchSampler",
+    "LengthGroupedSampler",
+    "length_grouped_indices",
     "default_data_collator",
+    "DefaultDataCollator",
     "DataCollatorWithPadding",
     "RemoveColumnsCollator",
+    "drop_unused_columns",
     "forward_arguments",
+    "IterableShard",
+    "TokenCounter",
+    "split_batches",
     "count_items",
     "loss_shifts_labels",
     "check_dataset",

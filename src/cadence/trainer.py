@@ -9,6 +9,7 @@ and save (``DefaultFlowCallback``); the Trainer acts on their requests.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -38,6 +39,8 @@ from .trainer_callback import (
 from .trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     EvalLoopOutput,
+    _free_device_memory,
+    _is_out_of_memory,
     PredictionOutput,
     TrainOutput,
     enable_full_determinism,
@@ -54,11 +57,19 @@ logger = logging.getLogger(__name__)
 class _RunningLoss:
     """The loss summed on the device between logs; read (one host sync) only when logging."""
 
-    def __init__(self, device: torch.device, filter_nonfinite: bool):
+    def __init__(self, device: torch.device, filter_nonfinite: bool, tokens: data.TokenCounter | None = None):
         self.sum = torch.zeros((), device=device, dtype=torch.float64)  # float32 would round long sums
         self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
         self.total = 0.0  # sum of the logged intervals, for train_loss
         self.last_logged_step = 0
+        self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
+        self.flos = 0.0  # this process's floating-point operations in this run
+
+    def count(self, window: list, floating_point_ops: Callable) -> None:
+        """Input tokens and FLOPs of one step's batches (no host sync)."""
+        for inputs in window:
+            self.tokens.add(inputs)
+            self.flos += floating_point_ops(inputs)
 
     def add(self, step_loss: torch.Tensor) -> None:
         if self.nonfinite is None:
@@ -170,6 +181,12 @@ class Trainer:
             raise ValueError(
                 "train_dataset has no length (an IterableDataset), so the number of steps is unknown: set max_steps"
             )
+        if args.auto_find_batch_size and args.world_size > 1:
+            raise ValueError(
+                f"auto_find_batch_size=True with {args.world_size} processes: an out-of-memory error on one process "
+                "would leave the others waiting at the gradient all-reduce; set auto_find_batch_size=False and choose "
+                "per_device_train_batch_size yourself"
+            )
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
 
@@ -191,7 +208,8 @@ class Trainer:
 
     @staticmethod
     def _default_collator(processing_class: Any) -> Callable:
-        if getattr(processing_class, "pad_token_id", None) is not None:
+        """HF's choice: dynamic padding for a tokenizer (anything with ``pad_token_id``), else stacking."""
+        if processing_class is not None and hasattr(processing_class, "pad_token_id"):
             return data.DataCollatorWithPadding(processing_class)
         return data.default_data_collator
 
@@ -208,41 +226,64 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
 
-    def _collator_for(self, dataset: Any) -> Callable:
-        """The data collator, with columns the model does not accept removed first (logged once)."""
-        if not self.args.remove_unused_columns or data.is_iterable_dataset(dataset):
-            return self.data_collator
+    def _signature_columns(self) -> set[str] | None:
+        """The input names the model accepts, plus the label columns (None: it takes anything)."""
         accepted = data.forward_arguments(self.backend.unwrap(self.model))
-        if accepted is not None and self.label_names:
-            accepted |= set(self.label_names)
-        dropped = data.unused_columns(dataset[0], accepted)
-        if not dropped:
-            return self.data_collator
-        if not set(dataset[0]) - set(dropped):
-            raise ValueError(
-                f"no column of the dataset is accepted by {type(self.model).__name__}.forward: the dataset has "
-                f"{sorted(dataset[0])}, the model accepts {sorted(accepted)}; rename the columns or set remove_unused_columns=False"
-            )
-        logger.info("columns not accepted by %s.forward, removed: %s", type(self.model).__name__, ", ".join(dropped))
-        return data.RemoveColumnsCollator(self.data_collator, accepted)
+        return accepted if accepted is None else accepted | set(self.label_names or ())
 
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, evaluation: bool = False) -> DataLoader:
+    def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
+        """A ``datasets.Dataset`` without the columns the model does not accept (HF's method)."""
+        return self._columns_for(dataset, description)[0]
+
+    def _columns_for(self, dataset: Any, description: str | None = None) -> tuple[Any, Callable]:
+        """The dataset and collator with the columns the model does not accept removed (logged once)."""
+        if not self.args.remove_unused_columns:
+            return dataset, self.data_collator
+        return data.drop_unused_columns(dataset, self.data_collator, self._signature_columns(),
+                                        type(self.model).__name__, description)
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
+        """The training sampler: shuffled per epoch (``EpochSampler``), in order, or grouped by length."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if data.is_iterable_dataset(dataset):
+            return None
         args = self.args
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        if args.train_sampling_strategy == "group_by_length":
+            names = getattr(self.processing_class, "model_input_names", None)
+            lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
+            global_batch = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+            return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=args.process_index,
+                                             world_size=args.world_size)
+        shuffle = args.train_sampling_strategy != "sequential"
+        return data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
+
+    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, description: str | None = None,
+                    sampler: torch.utils.data.Sampler | None = None, evaluation: bool = False) -> DataLoader:
+        args = self.args
+        dataset, collate_fn = self._columns_for(dataset, description)
         kwargs: dict[str, Any] = dict(
             batch_size=batch_size,
-            collate_fn=self._collator_for(dataset),
+            collate_fn=collate_fn,
             num_workers=args.dataloader_num_workers,
             pin_memory=args.dataloader_pin_memory and self.backend.device.type == "cuda",
             drop_last=args.dataloader_drop_last,
-            worker_init_fn=seed_worker if args.dataloader_num_workers > 0 else None,
-            persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
         )
-        if args.dataloader_num_workers > 0 and args.dataloader_prefetch_factor is not None:
-            kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+        if args.dataloader_num_workers > 0:  # python/numpy/torch seeded per worker and process: runs repeat
+            kwargs.update(worker_init_fn=functools.partial(seed_worker, num_workers=args.dataloader_num_workers,
+                                                           rank=args.process_index),
+                          persistent_workers=args.dataloader_persistent_workers,
+                          prefetch_factor=args.dataloader_prefetch_factor,
+                          multiprocessing_context=args.dataloader_multiprocessing_context,
+                          in_order=args.dataloader_in_order)
+        if data.is_iterable_dataset(dataset) and args.world_size > 1:  # each process its share of a stream
+            dataset = data.IterableShard(dataset, batch_size, args.process_index, args.world_size, args.dataloader_drop_last)
         if evaluation and not data.is_iterable_dataset(dataset):  # dataset order over processes, padding marked
             kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, args.process_index,
                                                             args.world_size, kwargs.pop("drop_last"))
             del kwargs["batch_size"]
+        elif sampler is not None:
+            kwargs["sampler"] = sampler
         elif not data.is_iterable_dataset(dataset):
             seed = args.data_seed if args.data_seed is not None else args.seed
             kwargs["sampler"] = data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
@@ -253,7 +294,8 @@ class Trainer:
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass train_dataset=... to Trainer")
         shuffle = self.args.train_sampling_strategy != "sequential"
-        return self._dataloader(self.train_dataset, self.args.train_batch_size, shuffle)
+        sampler = self._get_train_sampler(self.train_dataset)
+        return self._dataloader(self.train_dataset, self.args.train_batch_size, shuffle, "training", sampler)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         if isinstance(eval_dataset, str):
@@ -262,11 +304,13 @@ class Trainer:
         if eval_dataset is None:
             raise ValueError("evaluation needs an eval_dataset: pass it to Trainer or to evaluate()")
         data.check_dataset(eval_dataset, "eval_dataset")
-        return self._dataloader(eval_dataset, self.args.eval_batch_size, shuffle=False, evaluation=True)
+        return self._dataloader(eval_dataset, self.args.eval_batch_size, shuffle=False, description="evaluation",
+                                evaluation=True)
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         data.check_dataset(test_dataset, "test_dataset")
-        return self._dataloader(test_dataset, self.args.eval_batch_size, shuffle=False, evaluation=True)
+        return self._dataloader(test_dataset, self.args.eval_batch_size, shuffle=False, description="test",
+                                evaluation=True)
 
     # ------------------------------------------------------------------ optimizer and scheduler
 
@@ -342,6 +386,7 @@ class Trainer:
         ga, world = args.gradient_accumulation_steps, self.backend.world_size
         # count items only where the count changes the result: accumulation or several processes
         count_items = ga > 1 or world > 1
+        split = 1  # each loaded batch is cut into this many micro-batches (auto_find_batch_size raises it)
 
         self.state = TrainerState(
             is_local_process_zero=self.state.is_local_process_zero,
@@ -357,7 +402,10 @@ class Trainer:
         self.callback_handler.train_dataloader = train_dataloader
         self._log_run_header(max_steps, batches_per_epoch)
 
-        running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter)
+        tokens = data.TokenCounter(args.include_num_input_tokens_seen, getattr(self.model, "main_input_name", "input_ids"),
+                                   getattr(self.processing_class, "pad_token_id", None))
+        running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter, tokens)
+        self._initial_num_input_tokens_seen, self._initial_total_flos = self.state.num_input_tokens_seen, self.state.total_flos
         grad_norm: torch.Tensor | None = None
         learning_rate = 0.0
         start_time = time.time()
@@ -368,8 +416,7 @@ class Trainer:
             self._evaluate(ignore_keys_for_eval)
 
         for epoch in range(num_train_epochs):  # ---- epoch
-            if isinstance(getattr(train_dataloader, "sampler", None), data.EpochSampler):
-                train_dataloader.sampler.set_epoch(epoch)
+            data.set_epoch(train_dataloader, epoch)
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             batches = iter(train_dataloader)
             micro_done = 0
@@ -378,18 +425,28 @@ class Trainer:
                 if not window:
                     break
                 micro_done += len(window)
-                self.current_gradient_accumulation_steps = len(window)
                 items = None
-                if count_items:
+                if count_items or split > 1:
                     items = loss_utils.window_items(window, self._shifts_labels)
                     items = None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
+                running.count(window, self.floating_point_ops)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                for i, inputs in enumerate(window):  # ---- micro-batch: forward + backward
-                    last = i == len(window) - 1
-                    with contextlib.nullcontext() if last else self.backend.no_sync(model):
-                        running.add(self.training_step(model, inputs, items))
-                    if not last:
-                        self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
+                while True:  # auto_find_batch_size redoes a step that ran out of memory in smaller micro-batches
+                    micro_batches = data.split_batches(window, split)
+                    self.current_gradient_accumulation_steps = len(micro_batches)
+                    try:
+                        step_losses = []
+                        for i, inputs in enumerate(micro_batches):  # ---- micro-batch: forward + backward
+                            last = i == len(micro_batches) - 1
+                            with contextlib.nullcontext() if last else self.backend.no_sync(model):
+                                step_losses.append(self.training_step(model, inputs, items))
+                            if not last:
+                                self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
+                        break
+                    except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
+                        split, items = self._shrink_train_batch(error, model, window, split, items)
+                for loss in step_losses:
+                    running.add(loss)
                 # ---- clip, step, schedule
                 if args.max_grad_norm:
                     grad_norm = self.backend.clip_grad_norm(model.parameters(), args.max_grad_norm)
@@ -416,6 +473,38 @@ class Trainer:
 
         return self._finish_training(running, start_time)
 
+    def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, split: int, items):
+        """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free
+        memory, and cut each batch into twice as many micro-batches, so the per-device batch halves,
+        the accumulation doubles and the global batch stays the same. Returns ``(split, items)``.
+        Any other error, or one at a per-device batch of 1, is re-raised."""
+        batch = self.args.train_batch_size
+        size = -(-batch // split)
+        if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
+            raise error
+        model.zero_grad(set_to_none=True)  # the failed attempt's partial gradients must not count
+        _free_device_memory()
+        split *= 2
+        self.state.train_batch_size = -(-batch // split)
+        logger.warning(
+            "out of memory at per-device train batch size %d: redoing step %d with batch %d x %d accumulation "
+            "(global batch unchanged)", size, self.state.global_step + 1, self.state.train_batch_size,
+            self.args.gradient_accumulation_steps * split,
+        )
+        if items is None:  # micro-batches of a batch differ in items: weigh them by their counts from now on
+            items = loss_utils.window_items(window, self._shifts_labels)
+            items = None if items is None else items.to(self.backend.device)
+        return split, items
+
+    def _shrink_eval_batch(self, error: Exception) -> None:
+        """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): halve the eval batch."""
+        size = self.args.per_device_eval_batch_size
+        if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
+            raise error
+        _free_device_memory()
+        self.args.per_device_eval_batch_size = size // 2
+        logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
+
     def _log_run_header(self, max_steps: int, batches_per_epoch: int | None) -> None:
         args = self.args
         total = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -428,10 +517,13 @@ class Trainer:
 
     def _finish_training(self, running: _RunningLoss, start_time: float) -> TrainOutput:
         running.total += self.backend.reduce_mean(running.sum).item()
+        self._store_counts(running)
         steps = self.state.global_step
         train_loss = running.total / max(steps, 1)
         num_samples = steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
-        metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps)
+        tokens = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
+        metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps,
+                                num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = train_loss
         self.log(metrics)
@@ -521,7 +613,38 @@ class Trainer:
 
     # ------------------------------------------------------------------ log / evaluate / save
 
+    def _store_counts(self, running: _RunningLoss) -> None:
+        """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
+        self.state.num_input_tokens_seen = self._initial_num_input_tokens_seen + int(
+            self.backend.reduce_sum(running.tokens.total(self.backend.device)).item())
+        flos = torch.tensor(running.flos, dtype=torch.float64, device=self.backend.device)
+        self.state.total_flos = self._initial_total_flos + self.backend.reduce_sum(flos).item()
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> float:
+        """Forward and backward FLOPs of one batch: the model's ``floating_point_ops(inputs)`` when it
+        has one, else 6 x parameters x tokens of the main input (samples when there is none); for
+        ``transformers`` models the parameters exclude the embeddings, as HF counts.
+
+        Args:
+            inputs: the batch.
+        """
+        model = self.model
+        rate = self.__dict__.get("_flops_rate")
+        if rate is None or rate[0] is not model:  # looked up once per model: this runs every micro-batch
+            own = getattr(model, "floating_point_ops", None)
+            if callable(getattr(model, "num_parameters", None)):
+                params = model.num_parameters(exclude_embeddings=True)
+            else:
+                params = sum(p.numel() for p in model.parameters())
+            rate = self._flops_rate = (model, own if callable(own) else None, getattr(model, "main_input_name", "input_ids"), 6.0 * params)
+        _, own, main_input, per_token = rate
+        if own is not None and isinstance(inputs, Mapping):
+            return float(own(inputs))
+        return per_token * data.batch_tokens(inputs, main_input)
+
     def _maybe_log_save_evaluate(self, running: _RunningLoss, grad_norm, learning_rate: float, model, ignore_keys_for_eval, start_time) -> None:
+        if self.control.should_log or self.control.should_save:
+            self._store_counts(running)
         if self.control.should_log and self.state.global_step > running.last_logged_step:
             interval_loss = self.backend.reduce_mean(running.sum).item()  # the one host sync of a log
             steps = self.state.global_step - running.last_logged_step
@@ -561,6 +684,11 @@ class Trainer:
         """
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+            if start_time is not None:  # HF adds the run's token throughput to the step logs
+                session = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
+                logs.update(speed_metrics("train", start_time, num_tokens=session))
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
 
@@ -641,11 +769,16 @@ class Trainer:
             for name, ds in eval_dataset.items():
                 metrics.update(self.evaluate(ds, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        dataloader = self.get_eval_dataloader(eval_dataset)
         start = time.time()
-        # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
-        output = self.evaluation_loop(dataloader, "Evaluation", True if self.compute_metrics is None else None,
-                                      ignore_keys, metric_key_prefix)
+        while True:  # auto_find_batch_size: halve the eval batch after an out-of-memory error
+            try:
+                dataloader = self.get_eval_dataloader(eval_dataset)
+                # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
+                output = self.evaluation_loop(dataloader, "Evaluation", True if self.compute_metrics is None else None,
+                                              ignore_keys, metric_key_prefix)
+                break
+            except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
+                self._shrink_eval_batch(error)
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
                                             num_steps=math.ceil(output.num_samples / (self.args.eval_batch_size * self.args.world_size))))
         self.log(output.metrics)
@@ -659,9 +792,14 @@ class Trainer:
             >>> out = trainer.predict(test_ds)
             >>> out.predictions.shape
         """
-        dataloader = self.get_test_dataloader(test_dataset)
         start = time.time()
-        output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
+        while True:  # auto_find_batch_size: halve the eval batch after an out-of-memory error
+            try:
+                dataloader = self.get_test_dataloader(test_dataset)
+                output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
+                break
+            except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
+                self._shrink_eval_batch(error)
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
                                             num_steps=math.ceil(output.num_samples / (self.args.eval_batch_size * self.args.world_size))))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)

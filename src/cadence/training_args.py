@@ -246,7 +246,11 @@ class TrainingArguments:
         metadata=_help("Call the device's empty_cache() every this many steps (lower peak memory, slower)."),
     )
     auto_find_batch_size: bool = field(
-        default=False, metadata=_help("Halve the batch size and retry after running out of memory. Not built yet.")
+        default=False,
+        metadata=_help(
+            "After an out-of-memory error, halve the per-device batch and double the accumulation (same global "
+            "batch) and redo the step; in evaluation, halve the eval batch. One process only."
+        ),
     )
 
     # --- Logging ---
@@ -267,7 +271,10 @@ class TrainingArguments:
     )
     include_num_input_tokens_seen: str | bool = field(
         default="no",
-        metadata=_help("Count input tokens: 'no', 'all' or 'non_padding' (True means 'all'). Not built yet."),
+        metadata=_help(
+            "Count input tokens into state.num_input_tokens_seen and train_tokens_per_second: 'no', 'all' or "
+            "'non_padding' (True means 'all')."
+        ),
     )
     log_level: str = field(
         default="passive",
@@ -449,8 +456,8 @@ class TrainingArguments:
     train_sampling_strategy: str = field(
         default="random",
         metadata=_help(
-            "Training sampler: 'random', 'sequential', 'group_by_length' or 'batch_rebalance' (the last two: "
-            "not built yet).",
+            "Training sampler: 'random', 'sequential', 'group_by_length' (samples of similar length batched "
+            "together) or 'batch_rebalance' (not built yet).",
             choices=["random", "sequential", "group_by_length", "batch_rebalance"],
         ),
     )
@@ -828,12 +835,9 @@ _NOT_YET_BUILT: dict[str, str] = {
     "torch_compile_mode": "torch.compile",
     "use_liger_kernel": "Liger kernels",
     "neftune_noise_alpha": "NEFTune",
-    "auto_find_batch_size": "automatic batch-size search",
-    "include_num_input_tokens_seen": "input-token counting",
     "eval_use_gather_object": "gathering non-tensor outputs",
     "enable_jit_checkpoint": "HF's SIGTERM checkpoint switch",
     "push_to_hub": "pushing to the Hugging Face Hub",
-    "train_sampling_strategy=group_by_length": "the length-grouped sampler",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "restore_callback_states_from_checkpoint": "restoring callback states",
     "ignore_data_skip": "restarting resumed epochs from their beginning",
