@@ -55,11 +55,18 @@ logger = logging.getLogger(__name__)
 
 
 class _RunningLoss:
-    """The loss summed on the device between logs; read (one host sync) only when logging."""
+    """The loss summed on the device between logs; read (one host sync) only when logging.
+
+    Each micro-batch's loss is only appended to a list (no device work on the hot path); the list
+    is folded into the sums, with non-finite values counted and left out, when a log reads it.
+    """
+
+    FOLD_EVERY = 1024  # bounds the list when nothing is logged for a long time
 
     def __init__(self, device: torch.device, filter_nonfinite: bool, tokens: data.TokenCounter | None = None):
         self.sum = torch.zeros((), device=device, dtype=torch.float64)  # float32 would round long sums
         self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
+        self.pending: list[torch.Tensor] = []
         self.total = 0.0  # sum of the logged intervals, for train_loss
         self.last_logged_step = 0
         self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
@@ -72,12 +79,21 @@ class _RunningLoss:
             self.flos += floating_point_ops(inputs)
 
     def add(self, step_loss: torch.Tensor) -> None:
-        if self.nonfinite is None:
-            self.sum += step_loss
-        else:  # never let one NaN hide the interval's loss, but count it and report it
-            bad = ~torch.isfinite(step_loss)
-            self.nonfinite += bad
-            self.sum += step_loss.masked_fill(bad, 0.0)
+        self.pending.append(step_loss)
+        if len(self.pending) >= self.FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        """Move the pending losses into the sums; never let one NaN hide the others, but count it."""
+        if not self.pending:
+            return
+        losses = torch.stack(self.pending)
+        self.pending.clear()
+        if self.nonfinite is not None:
+            bad = ~torch.isfinite(losses)
+            self.nonfinite += bad.sum()
+            losses = losses.masked_fill(bad, 0.0)
+        self.sum += losses.sum()
 
 
 class Trainer:
@@ -516,6 +532,7 @@ class Trainer:
         )
 
     def _finish_training(self, running: _RunningLoss, start_time: float) -> TrainOutput:
+        running.fold()
         running.total += self.backend.reduce_mean(running.sum).item()
         self._store_counts(running)
         steps = self.state.global_step
@@ -646,6 +663,7 @@ class Trainer:
         if self.control.should_log or self.control.should_save:
             self._store_counts(running)
         if self.control.should_log and self.state.global_step > running.last_logged_step:
+            running.fold()
             interval_loss = self.backend.reduce_mean(running.sum).item()  # the one host sync of a log
             steps = self.state.global_step - running.last_logged_step
             logs: dict[str, float] = {"loss": interval_loss / steps}
