@@ -207,3 +207,18 @@ def test_causal_lm_items_skip_position_zero():
     labels = torch.tensor([[5, 6, -100, 7], [-100, 1, 2, -100]])
     assert count_items(labels, shifted=False).item() == 5
     assert count_items(labels, shifted=True).item() == 4  # label 0 of each row never enters a causal LM loss
+
+
+def test_nonfinite_count_survives_intermediate_folds(out_dir, monkeypatch):
+    """Losses are folded into the running sums in chunks; the logged loss and count do not depend on it."""
+    from cadence import trainer as trainer_module
+
+    def logged(fold_every):
+        monkeypatch.setattr(trainer_module._RunningLoss, "FOLD_EVERY", fold_every)
+        t = Trainer(NaNAt(), make_args(out_dir, max_steps=4, logging_steps=4), train_dataset=RegressionDataset(32))
+        t.train()
+        return [h for h in t.state.log_history if "loss" in h][0]
+
+    once, chunked = logged(1024), logged(1)
+    assert chunked["nonfinite_losses"] == once["nonfinite_losses"] == 2
+    assert chunked["loss"] == pytest.approx(once["loss"], rel=1e-12)
