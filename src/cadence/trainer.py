@@ -87,7 +87,7 @@ class _RunningLoss:
         """Move the pending losses into the sums; never let one NaN hide the others, but count it."""
         if not self.pending:
             return
-        losses = torch.stack(self.pending)
+        losses = torch.stack(self.pending).double()  # summed in float64, like the running sum
         self.pending.clear()
         if self.nonfinite is not None:
             bad = ~torch.isfinite(losses)
