@@ -33,6 +33,9 @@ class EpochSampler(Sampler[int]):
         rank, world_size: this process's share: every ``world_size``-th index from ``rank``.
             The epoch is padded by wrapping around so every process gets the same count.
 
+    ``set_epoch(epoch, skip)`` starts that epoch ``skip`` indices into this process's share: a
+    resumed run skips the samples it already trained on without loading them (O(1) in the step).
+
     Example:
         >>> s = EpochSampler(4, shuffle=False)
         >>> list(s)
@@ -43,12 +46,17 @@ class EpochSampler(Sampler[int]):
         self.num_samples, self.shuffle, self.seed = num_samples, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
+        self.skip = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Draw epoch ``epoch``'s order; leave out the first ``skip`` indices of this process's share."""
+        self.epoch, self.skip = epoch, skip
+
+    def _share(self) -> int:
+        return -(-self.num_samples // self.world_size)
 
     def __len__(self) -> int:
-        return -(-self.num_samples // self.world_size)
+        return max(self._share() - self.skip, 0)
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
@@ -56,9 +64,9 @@ class EpochSampler(Sampler[int]):
             order = torch.randperm(self.num_samples, generator=generator).tolist()
         else:
             order = list(range(self.num_samples))
-        padding = len(self) * self.world_size - self.num_samples
+        padding = self._share() * self.world_size - self.num_samples
         order += order[:padding]  # equal shares, so no process waits at a collective for another
-        return iter(order[self.rank :: self.world_size])
+        return iter(order[self.rank :: self.world_size][self.skip :])
 
 
 # ---------------------------------------------------------------- collators
