@@ -256,12 +256,16 @@ def unsafe_globals(path: str | os.PathLike) -> list[str]:
         return []
 
 
+_HF_ARGS_PACKAGES = ("transformers", "accelerate")  # what transformers' pickled TrainingArguments names
+
+
 def load_training_args(folder: str | os.PathLike) -> dict | None:
     """The arguments a checkpoint was written with, as a dict, or None when it has none readable.
 
     cadence stores a plain dict in ``training_args.bin`` (and ``training_args.json``);
-    transformers pickles its ``TrainingArguments`` object there, which is not unpickled: only a
-    file whose every non-plain name lives in ``transformers`` is accepted that way (and skipped).
+    transformers pickles its ``TrainingArguments`` object there, which is never unpickled: a file
+    whose every non-plain name lives in ``transformers`` or ``accelerate`` is taken for that and
+    skipped (not needed to resume); any other is refused.
     """
     folder = Path(folder)
     path = folder / TRAINING_ARGS_NAME
@@ -271,7 +275,7 @@ def load_training_args(folder: str | os.PathLike) -> dict | None:
             return dict(loaded) if isinstance(loaded, dict) else None
         except UnsafeCheckpointError:
             names = unsafe_globals(path)
-            if not names or not all(n.startswith("transformers.") for n in names):
+            if not names or not all(n.split(".")[0] in _HF_ARGS_PACKAGES for n in names):
                 raise
             logger.info("%s holds transformers' TrainingArguments object: not unpickled (not needed to resume)", path)
     json_path = folder / TRAINING_ARGS_JSON

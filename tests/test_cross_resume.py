@@ -1,0 +1,96 @@
+"""Each library resumes the other's checkpoints: stopped in one, finished in the other, the run ends
+where transformers' unbroken run ends.
+
+The two libraries agree to float rounding, not bit for bit (see test_hf_parity.py), so the final
+weights are compared with the parity test's tolerance; a wrong data position, optimizer state or
+schedule moves them by far more (checked below by resuming at the wrong step).
+"""
+
+import copy
+import os
+
+import pytest
+import torch
+from tiny import LMDataset, pad_collate, tiny_gpt2
+
+transformers = pytest.importorskip("transformers")
+
+import cadence  # noqa: E402
+
+COMMON = dict(
+    per_device_train_batch_size=4, gradient_accumulation_steps=2, num_train_epochs=2, learning_rate=3e-3,
+    warmup_steps=2, lr_scheduler_type="cosine", weight_decay=0.1, max_grad_norm=0.5, logging_steps=1,
+    report_to="none", disable_tqdm=True, seed=123, use_cpu=True,
+)  # 44 rows, batch 4 -> 11 batches an epoch, 6 steps (the last of one batch), 12 steps in all
+
+
+def stop_at(lib, step):
+    class Stop(lib.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                control.should_training_stop = True
+
+    return Stop()
+
+
+def run(lib, out_dir, stop=None, resume=None, save_steps=500):
+    model = tiny_gpt2(seed=3)
+    args = lib.TrainingArguments(output_dir=out_dir, save_strategy="steps", save_steps=save_steps, **COMMON)
+    trainer = lib.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=pad_collate,
+                          callbacks=[stop_at(lib, stop)] if stop else None)
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def hf_full(tmp_path_factory):
+    trainer = run(transformers, str(tmp_path_factory.mktemp("hf_full")))
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, trainer.state.log_history
+
+
+def assert_close_to(weights, expected):
+    for name, value in expected.items():
+        assert torch.allclose(weights[name], value, atol=1e-5, rtol=1e-4), name
+
+
+def assert_schedule_continues(trainer, hf_history, stop):
+    ours = [(h["step"], h["learning_rate"]) for h in trainer.state.log_history if "learning_rate" in h]
+    theirs = [(h["step"], h["learning_rate"]) for h in hf_history if "learning_rate" in h]
+    assert [s for s, _ in ours] == list(range(1, 13))  # the history before the stop came from the checkpoint
+    for (s, a), (_, b) in zip(ours[stop:], theirs[stop:]):
+        assert a == pytest.approx(b, rel=1e-9), s
+
+
+@pytest.mark.parametrize("stop", [4, 6])
+def test_cadence_resumes_a_transformers_checkpoint(tmp_path, hf_full, stop):
+    out = str(tmp_path / "run")
+    run(transformers, out, stop=stop, save_steps=stop)
+    ckpt = os.path.join(out, f"checkpoint-{stop}")
+    assert {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= set(os.listdir(ckpt))
+    trainer = run(cadence, out, resume=ckpt, save_steps=stop)
+    assert trainer.state.global_step == 12
+    assert_close_to(trainer.model.state_dict(), hf_full[0])
+    assert_schedule_continues(trainer, hf_full[1], stop)
+
+
+@pytest.mark.parametrize("stop", [4, 6])
+def test_transformers_resumes_a_cadence_checkpoint(tmp_path, hf_full, stop):
+    out = str(tmp_path / "run")
+    run(cadence, out, stop=stop, save_steps=stop)
+    ckpt = os.path.join(out, f"checkpoint-{stop}")
+    trainer = run(transformers, out, resume=ckpt, save_steps=stop)
+    assert trainer.state.global_step == 12
+    assert_close_to(trainer.model.state_dict(), hf_full[0])
+    assert_schedule_continues(trainer, hf_full[1], stop)
+
+
+def test_a_wrong_data_position_would_be_caught(tmp_path, hf_full):
+    """The tolerance is tight enough: restarting the epoch's data (ignore_data_skip) ends visibly elsewhere."""
+    out = str(tmp_path / "run")
+    run(transformers, out, stop=4, save_steps=4)
+    model = tiny_gpt2(seed=3)
+    args = cadence.TrainingArguments(output_dir=out, save_strategy="no", ignore_data_skip=True, **COMMON)
+    trainer = cadence.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=pad_collate)
+    trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
+    with pytest.raises(AssertionError):
+        assert_close_to(trainer.model.state_dict(), hf_full[0])
