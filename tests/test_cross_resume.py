@@ -6,7 +6,6 @@ weights are compared with the parity test's tolerance; a wrong data position, op
 schedule moves them by far more (checked below by resuming at the wrong step).
 """
 
-import copy
 import os
 
 import pytest
