@@ -266,3 +266,19 @@ def test_trainer_state_json_loads_in_transformers(tmp_path):
     theirs = transformers.TrainerState.load_from_json(path)
     ours = TrainerState.load_from_json(path)
     assert theirs.global_step == ours.global_step == 2 and theirs.log_history == ours.log_history
+
+
+def test_demo_resumes_from_its_newest_checkpoint(tmp_path, capsys, caplog):
+    from cadence.cli import main
+
+    caplog.set_level("INFO", logger="cadence")
+    out = str(tmp_path / "demo")
+    with pytest.raises(ValueError, match="no complete checkpoint-N"):
+        main(["demo", "--output-dir", out, "--max-steps", "2", "--resume"])
+    assert main(["demo", "--output-dir", out, "--max-steps", "2"]) == 0
+    assert os.path.isdir(os.path.join(out, "checkpoint-2"))  # the last step is always saved
+    assert main(["demo", "--output-dir", out, "--max-steps", "3", "--resume"]) == 0
+    state = json.load(open(os.path.join(out, "checkpoint-3", "trainer_state.json")))
+    assert state["global_step"] == 3
+    assert "cadence demo: 3 steps" in capsys.readouterr().out
+    assert "resuming at step 2: epoch 0, 4 batches into it" in caplog.text  # 2 steps of 2 accumulated batches
