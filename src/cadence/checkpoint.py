@@ -323,8 +323,6 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
     if resume_from_checkpoint is True:
         from .trainer_utils import get_last_checkpoint
 
-        if os.path.isdir(output_dir):
-            remove_incomplete(output_dir)
         last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
         if last is None:
             raise ValueError(

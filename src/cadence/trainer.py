@@ -328,6 +328,9 @@ class Trainer:
         if resume_from_checkpoint in (None, False):
             resume_from_checkpoint = None
         else:
+            if self.args.should_save and os.path.isdir(self.args.output_dir):
+                checkpoint.remove_incomplete(self.args.output_dir)  # killed saves: never chosen, cleaned up
+            self.backend.barrier()  # so every process sees the same checkpoints
             resume_from_checkpoint = checkpoint.resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if self.model_init is not None:
             set_seed(self.args.seed)
