@@ -107,6 +107,26 @@ def test_resume_is_bit_identical(tmp_path, stop, kw):
     assert_same_run(full, resumed)
 
 
+class Augmented(TokenDataset):
+    """Draws from the global torch RNG when read (a random augmentation): masks one more label at random."""
+
+    def __getitem__(self, i):
+        row = super().__getitem__(i)
+        labels = row["labels"].clone()
+        labels[torch.randint(len(labels), ())] = -100
+        return {"input_ids": row["input_ids"], "labels": labels}
+
+
+@pytest.mark.parametrize("stop", [4, 6])
+def test_resume_with_random_augmentation_in_the_main_process(tmp_path, stop):
+    """With num_workers=0 the data's own random draws continue exactly too: the RNGs are restored after
+    the epoch's iterator exists and before the first batch after the checkpoint is read."""
+    kw = dict(save_steps=stop, num_train_epochs=2, dataset=Augmented(22))
+    full = train(str(tmp_path / "full"), **kw)
+    train(str(tmp_path / "run"), stop=stop, **kw)
+    assert_same_run(full, train(str(tmp_path / "run"), resume=True, **kw))
+
+
 def test_resume_with_dataloader_workers(tmp_path):
     kw = dict(dataloader_num_workers=2, num_train_epochs=2, save_steps=4)
     full = train(str(tmp_path / "full"), **kw)

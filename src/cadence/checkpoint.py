@@ -19,6 +19,23 @@ Files (the names transformers uses, so either library resumes the other's checkp
     trainer_state.json     TrainerState, written last (the completeness marker)
     training_args.bin/json the arguments, as plain data
     loop_state.json        cadence only: the data position and the loss summed since the last log
+
+Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
+
+- Checkpoints are written only at optimizer-step ends and epoch ends, never inside an accumulation
+  window; a run killed mid-window resumes from the step before it.
+- The data position is ``(epoch, batches into it)``; the sampler starts after the trained batches,
+  so none is read again. The RNGs are restored where the saving run was: before the epoch's events
+  for a save between epochs, after the epoch's iterator exists for a save inside it. Randomness
+  drawn inside dataloader *workers* is not replayed by a mid-epoch resume (the workers restart);
+  the main process's draws (dropout, collators, ``num_workers=0`` datasets) are.
+- A cadence checkpoint also restores the loss summed since the last log, so the resumed run logs
+  and reports ``train_loss`` exactly as an unbroken run. A transformers checkpoint lacks it, so, as
+  transformers does, the first log averages the steps since the resume and ``train_loss`` this
+  call's steps. Logging/eval/save intervals come from this run's arguments.
+- A checkpoint written by another number of processes, or with another batch size, accumulation
+  or number of batches per epoch, is refused (its position would be silently wrong) unless
+  ``ignore_data_skip=True`` restarts the checkpoint's epoch.
 """
 
 from __future__ import annotations
