@@ -302,3 +302,24 @@ def test_demo_resumes_from_its_newest_checkpoint(tmp_path, capsys, caplog):
     assert state["global_step"] == 3
     assert "cadence demo: 3 steps" in capsys.readouterr().out
     assert "resuming at step 2: epoch 0, 4 batches into it" in caplog.text  # 2 steps of 2 accumulated batches
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        ds = RegressionDataset(64)
+        return (ds[i] for i in range(len(ds)))
+
+
+def test_iterable_dataset_resume_needs_ignore_data_skip(tmp_path):
+    def run(out, **kw):
+        args = TrainingArguments(output_dir=out, disable_tqdm=True, report_to="none", max_steps=6, save_steps=3,
+                                 per_device_train_batch_size=4, **kw)
+        trainer = Trainer(RegressionModel(), args, train_dataset=Stream(), callbacks=[StopAt(3)])
+        return trainer, trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-3") if kw else None)
+
+    out = str(tmp_path / "run")
+    run(out)
+    with pytest.raises(ValueError, match="3 batches into an iterable dataset.*ignore_data_skip=True"):
+        run(out, ignore_data_skip=False)
+    trainer, result = run(out, ignore_data_skip=True)
+    assert result.global_step == 6

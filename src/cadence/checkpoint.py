@@ -458,7 +458,8 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         )
     loop = json.loads((folder / LOOP_STATE_NAME).read_text()) if (folder / LOOP_STATE_NAME).exists() else None
     ga = args.gradient_accumulation_steps
-    if loop is not None and batches_per_epoch is not None and loop.get("batches_per_epoch") not in (None, batches_per_epoch):
+    same_batches = loop is None or loop.get("batches_per_epoch") in (None, batches_per_epoch)
+    if not same_batches and not args.ignore_data_skip:
         raise ValueError(
             f"checkpoint {folder} was written with {loop['batches_per_epoch']} batches per epoch and this run has "
             f"{batches_per_epoch}: the dataset, per_device_train_batch_size or dataloader_drop_last changed, so the "
@@ -466,8 +467,8 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         )
     if loop is not None and not args.ignore_data_skip:
         epoch, skip = loop["epoch"], loop["batches_in_epoch"]
-    elif batches_per_epoch is None:
-        epoch, skip = 0, 0
+    elif batches_per_epoch is None:  # a stream: its trained batches cannot be skipped, only read again
+        epoch, skip = 0, 0 if args.ignore_data_skip else global_step * ga
     else:  # transformers' rule: whole optimizer steps of ga batches into the epoch
         steps_per_epoch = max(-(-batches_per_epoch // ga), 1)
         epoch = global_step // steps_per_epoch
