@@ -158,6 +158,7 @@ def save_rng_state(final: str | os.PathLike, process_index: int, world_size: int
     """This process's RNG states into the staging folder of ``final`` (``rng_state[_{rank}].pth``)."""
     tmp = staging_folder(final)
     try:
+        tmp.mkdir(parents=True, exist_ok=True)  # a node that does not share the main process's disk
         torch.save(capture_rng_state(world_size), tmp / rng_state_name(process_index, world_size))
     except (OSError, RuntimeError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
