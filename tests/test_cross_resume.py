@@ -31,8 +31,18 @@ def stop_at(lib, step):
     return Stop()
 
 
-def run(lib, out_dir, stop=None, resume=None, save_steps=500):
-    model = tiny_gpt2(seed=3)
+def gpt2(dropout):
+    """tiny_gpt2, or the same with dropout (then the RNG states in the checkpoint decide the result)."""
+    if not dropout:
+        return tiny_gpt2(seed=3)
+    torch.manual_seed(3)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                     resid_pdrop=0.2, embd_pdrop=0.2, attn_pdrop=0.1)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def run(lib, out_dir, stop=None, resume=None, save_steps=500, dropout=False):
+    model = gpt2(dropout)
     args = lib.TrainingArguments(output_dir=out_dir, save_strategy="steps", save_steps=save_steps, **COMMON)
     trainer = lib.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=pad_collate,
                           callbacks=[stop_at(lib, stop)] if stop else None)
@@ -40,10 +50,11 @@ def run(lib, out_dir, stop=None, resume=None, save_steps=500):
     return trainer
 
 
-@pytest.fixture(scope="module")
-def hf_full(tmp_path_factory):
-    trainer = run(transformers, str(tmp_path_factory.mktemp("hf_full")))
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, trainer.state.log_history
+@pytest.fixture(scope="module", params=[False, True], ids=["no_dropout", "dropout"])
+def hf_full(tmp_path_factory, request):
+    trainer = run(transformers, str(tmp_path_factory.mktemp("hf_full")), dropout=request.param)
+    weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    return weights, trainer.state.log_history, request.param
 
 
 def assert_same_weights(weights, expected):
@@ -62,10 +73,10 @@ def assert_schedule_continues(trainer, hf_history, stop):
 @pytest.mark.parametrize("stop", [4, 6])
 def test_cadence_resumes_a_transformers_checkpoint(tmp_path, hf_full, stop):
     out = str(tmp_path / "run")
-    run(transformers, out, stop=stop, save_steps=stop)
+    run(transformers, out, stop=stop, save_steps=stop, dropout=hf_full[2])
     ckpt = os.path.join(out, f"checkpoint-{stop}")
     assert {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= set(os.listdir(ckpt))
-    trainer = run(cadence, out, resume=ckpt, save_steps=stop)
+    trainer = run(cadence, out, resume=ckpt, save_steps=stop, dropout=hf_full[2])
     assert trainer.state.global_step == 12
     assert_same_weights(trainer.model.state_dict(), hf_full[0])
     assert_schedule_continues(trainer, hf_full[1], stop)
@@ -74,9 +85,9 @@ def test_cadence_resumes_a_transformers_checkpoint(tmp_path, hf_full, stop):
 @pytest.mark.parametrize("stop", [4, 6])
 def test_transformers_resumes_a_cadence_checkpoint(tmp_path, hf_full, stop):
     out = str(tmp_path / "run")
-    run(cadence, out, stop=stop, save_steps=stop)
+    run(cadence, out, stop=stop, save_steps=stop, dropout=hf_full[2])
     ckpt = os.path.join(out, f"checkpoint-{stop}")
-    trainer = run(transformers, out, resume=ckpt, save_steps=stop)
+    trainer = run(transformers, out, resume=ckpt, save_steps=stop, dropout=hf_full[2])
     assert trainer.state.global_step == 12
     assert_same_weights(trainer.model.state_dict(), hf_full[0])
     assert_schedule_continues(trainer, hf_full[1], stop)
@@ -85,8 +96,8 @@ def test_transformers_resumes_a_cadence_checkpoint(tmp_path, hf_full, stop):
 def test_a_wrong_data_position_would_be_caught(tmp_path, hf_full):
     """The comparison sees the data position: restarting the epoch's data (ignore_data_skip) ends elsewhere."""
     out = str(tmp_path / "run")
-    run(transformers, out, stop=4, save_steps=4)
-    model = tiny_gpt2(seed=3)
+    run(transformers, out, stop=4, save_steps=4, dropout=hf_full[2])
+    model = gpt2(hf_full[2])
     args = cadence.TrainingArguments(output_dir=out, save_strategy="no", ignore_data_skip=True, **COMMON)
     trainer = cadence.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=pad_collate)
     trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
