@@ -37,3 +37,13 @@ def test_two_process_resume_is_exact_and_one_process_is_refused(tmp_path):
     expected = torch.load(os.path.join(full, "final.pt"), weights_only=True)
     got = torch.load(os.path.join(out, "final.pt"), weights_only=True)
     assert all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
+    out = str(tmp_path / "run")
+    proc = launch(2, out, "--sigterm-rank0", "3")
+    ok(proc)
+    assert proc.stdout.count("STOPPED 3") == 2  # both processes saved and stopped at step 3
+    assert os.listdir(out) == ["checkpoint-3"]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(os.path.join(out, "checkpoint-3")))

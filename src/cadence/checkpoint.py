@@ -531,7 +531,9 @@ class JITCheckpointCallback(TrainerCallback):
     Installed by the Trainer when ``enable_jit_checkpoint=True`` (transformers' name; off by
     default, as there). The signal only sets a flag; the save happens at a step boundary through
     the normal save path, so the checkpoint is complete and exact. The previous handlers come back
-    when training ends.
+    when training ends. With several processes the flags are combined at every step end (one
+    tiny all-reduce, only when this option is on), so all processes save and stop at the same step
+    even when the signal reaches them at different moments.
     """
 
     SIGNALS = ("SIGTERM", "SIGUSR1")
@@ -552,8 +554,19 @@ class JITCheckpointCallback(TrainerCallback):
                 except ValueError:  # not the main thread: signals cannot be caught here
                     logger.warning("enable_jit_checkpoint: cannot install a %s handler outside the main thread", name)
 
+    def _agreed(self, args) -> bool:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return bool(self.requested)
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=args.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not self.requested:
+            self.requested = "a signal to another process"
+        return bool(flag.item())
+
     def on_step_end(self, args, state, control, **kwargs):
-        if self.requested:
+        if self._agreed(args):
             logger.warning("%s received: saving checkpoint-%d and stopping training", self.requested, state.global_step)
             control.should_save = True
             control.should_training_stop = True
