@@ -323,3 +323,15 @@ def test_iterable_dataset_resume_needs_ignore_data_skip(tmp_path):
         run(out, ignore_data_skip=False)
     trainer, result = run(out, ignore_data_skip=True)
     assert result.global_step == 6
+
+
+def test_weights_of_another_model_are_refused(tmp_path):
+    out = str(tmp_path / "run")
+    train(out, stop=2, save_steps=2)
+    args = TrainingArguments(output_dir=out, disable_tqdm=True, report_to="none", max_steps=4)
+    trainer = Trainer(RegressionModel(), args, train_dataset=RegressionDataset(8))
+    with pytest.raises(ValueError, match="do not fit RegressionModel: missing \\['a', 'b'\\], unexpected \\['emb.weight'"):
+        trainer.train(resume_from_checkpoint=True)
+    os.remove(os.path.join(out, "checkpoint-2", "model.safetensors"))
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        train(out, resume=True)
