@@ -1,9 +1,41 @@
-"""Checkpoints in Hugging Face's layout, written atomically.
+"""Checkpoints in Hugging Face's layout: written atomically, read safely, resumed exactly.
 
 A checkpoint is written into ``tmp-checkpoint-N/``, every file flushed and fsynced, and only then
 renamed to ``checkpoint-N/``: a folder with that name is always complete (``get_last_checkpoint``
 also requires ``trainer_state.json``, written last). Rotation keeps the newest checkpoints and the
 best one, and never deletes the one just written.
+
+Reading never runs code: weights come through safetensors, every other file through JSON or
+``torch.load(weights_only=True)`` (for ``rng_state.pth`` with numpy's array type allowed, as
+transformers writes numpy's RNG state as an array; cadence writes it as plain lists). A file that
+``weights_only`` refuses raises :class:`UnsafeCheckpointError` and nothing in it is executed.
+
+Files (the names transformers uses, so either library resumes the other's checkpoints)::
+
+    model.safetensors      weights (or the model's own save_pretrained files)
+    optimizer.pt           optimizer.state_dict()
+    scheduler.pt           lr_scheduler.state_dict()
+    rng_state.pth          python/numpy/torch(/cuda) RNG states; rng_state_{rank}.pth per process
+    trainer_state.json     TrainerState, written last (the completeness marker)
+    training_args.bin/json the arguments, as plain data
+    loop_state.json        cadence only: the data position and the loss summed since the last log
+
+Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
+
+- Checkpoints are written only at optimizer-step ends and epoch ends, never inside an accumulation
+  window; a run killed mid-window resumes from the step before it.
+- The data position is ``(epoch, batches into it)``; the sampler starts after the trained batches,
+  so none is read again. The RNGs are restored where the saving run was: before the epoch's events
+  for a save between epochs, after the epoch's iterator exists for a save inside it. Randomness
+  drawn inside dataloader *workers* is not replayed by a mid-epoch resume (the workers restart);
+  the main process's draws (dropout, collators, ``num_workers=0`` datasets) are.
+- A cadence checkpoint also restores the loss summed since the last log, so the resumed run logs
+  and reports ``train_loss`` exactly as an unbroken run. A transformers checkpoint lacks it, so, as
+  transformers does, the first log averages the steps since the resume and ``train_loss`` this
+  call's steps. Logging/eval/save intervals come from this run's arguments.
+- A checkpoint written by another number of processes, or with another batch size, accumulation
+  or number of batches per epoch, is refused (its position would be silently wrong) unless
+  ``ignore_data_skip=True`` restarts the checkpoint's epoch.
 """
 
 from __future__ import annotations
@@ -11,12 +43,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import random
 import re
 import shutil
+import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
+
+from .trainer_callback import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +66,8 @@ SCALER_NAME = "scaler.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
 TRAINING_ARGS_NAME = "training_args.bin"
 TRAINING_ARGS_JSON = "training_args.json"
+RNG_STATE_NAME = "rng_state.pth"
+LOOP_STATE_NAME = "loop_state.json"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -47,30 +88,6 @@ def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, proces
         processing_class.save_pretrained(folder)
 
 
-def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
-    """Load ``folder/model.safetensors`` into ``model`` in place (safetensors: no code can run).
-
-    A key may be missing only when its tensor is tied to a loaded one (tied weights are stored once).
-
-    Raises:
-        FileNotFoundError: when the folder has no ``model.safetensors``.
-        ValueError: naming missing or unexpected keys.
-    """
-    from safetensors.torch import load_file
-
-    path = Path(folder) / WEIGHTS_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"no {WEIGHTS_NAME} in {folder}: cannot load its weights")
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    state = load_file(str(path), device=str(device))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    own = model.state_dict()
-    loaded_storage = {own[k].data_ptr() for k in state if k in own}
-    missing = [k for k in missing if own[k].data_ptr() not in loaded_storage]
-    if missing or unexpected:
-        raise ValueError(f"{path} does not match {type(model).__name__}: missing {missing}, unexpected {unexpected}")
-
-
 def _fsync_tree(folder: Path) -> None:
     for path in folder.rglob("*"):
         if path.is_file():
@@ -83,17 +100,29 @@ def _fsync_tree(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+def staging_folder(final: str | os.PathLike) -> Path:
+    """Where ``final`` is written before it is renamed into place (never chosen for resume)."""
+    final = Path(final)
+    return final.parent / f"tmp-{final.name}"
+
+
+def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fresh: bool = True) -> Path:
     """Run ``write(tmp_folder)``, fsync, then rename the folder to ``final``.
 
-    On any error the temporary folder is removed and older checkpoints are untouched; the error
-    says which folder could not be written.
+    Args:
+        final: the checkpoint folder to create (replaced if it exists, never left missing).
+        write: writes the files into the folder it is given.
+        fresh: start from an empty staging folder; False keeps files other processes put there.
+
+    On any error the temporary folder is removed, older checkpoints are untouched, and an
+    ``OSError`` names the folder and the cause (disk full, permission denied, ...).
     """
     final = Path(final)
-    tmp = final.parent / f"tmp-{final.name}"
+    tmp = staging_folder(final)
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        if fresh:
+            shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True, exist_ok=not fresh)
         write(tmp)
         _fsync_tree(tmp)
         if final.exists():  # saving the same step twice: swap, so a complete folder always exists
@@ -104,10 +133,65 @@ def write_atomically(final: str | os.PathLike, write: Callable[[Path], None]) ->
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-    except OSError as e:
+        _fsync_dir(final.parent)  # the rename itself survives a power cut
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(f"could not write checkpoint {final} ({e.strerror or e}); older checkpoints are intact") from e
+        if isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as RuntimeError
+            cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
+            raise OSError(f"could not write checkpoint {final} ({cause}); older checkpoints are intact") from e
+        raise
     return final
+
+
+def prepare_staging(final: str | os.PathLike) -> Path:
+    """An empty staging folder for ``final`` (the main process, before the others put files in it)."""
+    tmp = staging_folder(final)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise OSError(f"could not write checkpoint {final} ({e.strerror or e}); older checkpoints are intact") from e
+    return tmp
+
+
+def save_rng_state(final: str | os.PathLike, process_index: int, world_size: int) -> None:
+    """This process's RNG states into the staging folder of ``final`` (``rng_state[_{rank}].pth``)."""
+    tmp = staging_folder(final)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)  # a node that does not share the main process's disk
+        torch.save(capture_rng_state(world_size), tmp / rng_state_name(process_index, world_size))
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise OSError(f"could not write checkpoint {final} ({cause}); older checkpoints are intact") from e
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
+    """Delete ``tmp-checkpoint-*`` folders a killed save left behind; put back an ``old-checkpoint-N``
+    whose replacement was interrupted. Returns the deleted folders."""
+    output_dir = Path(output_dir)
+    deleted = []
+    for old in output_dir.glob("old-checkpoint-*"):
+        final = output_dir / old.name[len("old-"):]
+        if _CHECKPOINT_RE.match(final.name) and not final.exists():
+            os.replace(old, final)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+            deleted.append(old)
+    for tmp in output_dir.glob("tmp-checkpoint-*"):
+        if _CHECKPOINT_RE.match(tmp.name[len("tmp-"):]) and tmp.is_dir():
+            logger.info("removing incomplete checkpoint %s (a save was interrupted)", tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+            deleted.append(tmp)
+    return deleted
 
 
 def save_json(obj: Any, path: Path) -> None:
@@ -144,3 +228,351 @@ def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: s
         logger.info("deleting older checkpoint %s (save_total_limit=%d)", path, limit)
         shutil.rmtree(path, ignore_errors=True)
     return deleted
+
+
+# ---------------------------------------------------------------- reading, safely
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint file holds more than tensors and plain data; it was not unpickled."""
+
+
+def _numpy_array_globals() -> list:
+    """What a pickled numpy array needs (transformers' rng_state.pth holds one): array data, no code."""
+    core = np._core if hasattr(np, "_core") else np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def safe_load(path: str | os.PathLike, allow_numpy_arrays: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; a refused file raises ``UnsafeCheckpointError``.
+
+    Args:
+        path: a ``.pt``/``.pth``/``.bin`` file.
+        allow_numpy_arrays: also accept numpy arrays (for RNG states written by transformers).
+
+    Returns:
+        The loaded tensors and plain data.
+    """
+    allowed = _numpy_array_globals() if allow_numpy_arrays else []
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it names {', '.join(unsafe_globals(path)) or 'objects'} besides tensors and "
+            "plain data, so unpickling it could run code, and nothing in it was executed. cadence loads checkpoint "
+            "files only with torch.load(weights_only=True); replace the file with one written by cadence or "
+            "transformers, or resume from another checkpoint"
+        ) from e
+
+
+def unsafe_globals(path: str | os.PathLike) -> list[str]:
+    """The classes and functions a pickle names that ``weights_only`` does not allow (read, not run)."""
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # not a torch zip file at all: nothing more to say
+        return []
+
+
+_HF_ARGS_PACKAGES = ("transformers", "accelerate")  # what transformers' pickled TrainingArguments names
+
+
+def load_training_args(folder: str | os.PathLike) -> dict | None:
+    """The arguments a checkpoint was written with, as a dict, or None when it has none readable.
+
+    cadence stores a plain dict in ``training_args.bin`` (and ``training_args.json``);
+    transformers pickles its ``TrainingArguments`` object there, which is never unpickled: a file
+    whose every non-plain name lives in ``transformers`` or ``accelerate`` is taken for that and
+    skipped (not needed to resume); any other is refused.
+    """
+    folder = Path(folder)
+    path = folder / TRAINING_ARGS_NAME
+    if path.exists():
+        try:
+            loaded = safe_load(path)
+            return dict(loaded) if isinstance(loaded, dict) else None
+        except UnsafeCheckpointError:
+            names = unsafe_globals(path)
+            if not names or not all(n.split(".")[0] in _HF_ARGS_PACKAGES for n in names):
+                raise
+            logger.info("%s holds transformers' TrainingArguments object: not unpickled (not needed to resume)", path)
+    json_path = folder / TRAINING_ARGS_JSON
+    return json.loads(json_path.read_text()) if json_path.exists() else None
+
+
+def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Load ``model.safetensors`` (or its sharded index) of ``folder`` into ``model``.
+
+    Tied weights stored once (as ``save_pretrained`` and safetensors do) are accepted; any other
+    missing or unexpected key is an error naming the keys.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    single, index = folder / WEIGHTS_NAME, folder / f"{WEIGHTS_NAME}.index.json"
+    device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
+    if single.exists():
+        state = load_file(str(single), device=device)
+    elif index.exists():
+        state = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            state.update(load_file(str(folder / shard), device=device))
+    else:
+        raise FileNotFoundError(
+            f"checkpoint {folder} has no {WEIGHTS_NAME}: cadence loads weights only from safetensors files "
+            "(a pytorch_model.bin pickle can run code); convert it with safetensors first"
+        )
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded_storage = {own[k].data_ptr() for k in state if k in own}
+    missing = [k for k in missing if own[k].data_ptr() not in loaded_storage]  # tied to a loaded tensor: fine
+    if missing or unexpected:
+        raise ValueError(
+            f"the weights in {folder} do not fit {type(model).__name__}: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}; resume with the same model the checkpoint was written from"
+        )
+
+
+def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike) -> Path:
+    """``True`` -> the newest complete ``checkpoint-N`` of ``output_dir``; a path -> that folder, checked.
+
+    Raises:
+        ValueError: no complete checkpoint exists, or the path is not a checkpoint folder.
+    """
+    if resume_from_checkpoint is True:
+        from .trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        if last is None:
+            raise ValueError(
+                f"resume_from_checkpoint=True, but output_dir={str(output_dir)!r} has no complete checkpoint-N "
+                f"folder (one with {TRAINER_STATE_NAME}): train without resume_from_checkpoint, or pass a checkpoint path"
+            )
+        return Path(last)
+    path = Path(resume_from_checkpoint)
+    if not path.is_dir():
+        raise ValueError(
+            f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a folder: pass a checkpoint-N folder, "
+            "or True for the newest checkpoint in output_dir"
+        )
+    if not (path / TRAINER_STATE_NAME).is_file():
+        raise ValueError(
+            f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a complete checkpoint: it has no "
+            f"{TRAINER_STATE_NAME} (written last, so either its save was interrupted or it is not a checkpoint "
+            "folder); pass a checkpoint-N folder, or True for the newest complete one"
+        )
+    return path
+
+
+# ---------------------------------------------------------------- RNG states
+
+
+def rng_state_name(process_index: int, world_size: int) -> str:
+    """``rng_state.pth`` for one process, ``rng_state_{rank}.pth`` for each of several (HF's names)."""
+    return RNG_STATE_NAME if world_size <= 1 else f"rng_state_{process_index}.pth"
+
+
+def capture_rng_state(world_size: int = 1) -> dict[str, Any]:
+    """python, numpy, torch CPU (and CUDA) RNG states as tensors and plain lists/tuples.
+
+    The layout is transformers' (so it loads them), but numpy's key is a list, not an array, so
+    ``torch.load(weights_only=True)`` loads the file with nothing allowed beyond plain data.
+    """
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (kind, key.tolist(), int(pos), int(has_gauss), float(cached)),
+        "cpu": torch.random.get_rng_state(),
+    }
+    if torch.cuda.is_available():  # HF: all devices' states with several processes, the current one without
+        state["cuda"] = torch.cuda.random.get_rng_state_all() if world_size > 1 else torch.cuda.random.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any] | None) -> None:
+    """Set every RNG from what :func:`capture_rng_state` (or transformers) stored; None: nothing."""
+    if state is None:
+        return
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(tuple(state["numpy"]))
+    torch.random.set_rng_state(state["cpu"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):
+            torch.cuda.random.set_rng_state_all(cuda)
+        else:
+            torch.cuda.random.set_rng_state(cuda)
+
+
+def checkpoint_world_size(folder: str | os.PathLike) -> int | None:
+    """How many processes wrote ``folder`` (from its RNG files), or None when it has none."""
+    folder = Path(folder)
+    if (folder / RNG_STATE_NAME).exists():
+        return 1
+    ranks = [p for p in folder.glob("rng_state_*.pth") if re.fullmatch(r"rng_state_\d+\.pth", p.name)]
+    return len(ranks) or None
+
+
+# ---------------------------------------------------------------- where to resume
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed run continues, and what it restores when it gets there.
+
+    Attributes:
+        folder: the checkpoint.
+        epoch: the epoch the run continues in.
+        skip_batches: batches of that epoch already trained; the sampler starts after them.
+        rng: the RNG states to set once that epoch's data iterator exists (``skip_batches > 0``:
+            the saving run had already created it) or just before it is created (``== 0``).
+        loop: cadence's ``loop_state.json`` (loss summed since the last log, ...), None for
+            checkpoints written by transformers.
+    """
+
+    folder: Path
+    epoch: int
+    skip_batches: int
+    rng: dict | None
+    loop: dict | None
+
+
+def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any) -> ResumePoint:
+    """Read the position, RNG and loop state of ``folder`` for this process, checking they fit this run.
+
+    Args:
+        folder: the checkpoint folder.
+        global_step: ``trainer_state.json``'s step.
+        batches_per_epoch: micro-batches in one epoch of this run (None for an iterable dataset).
+        args: this run's ``TrainingArguments``.
+
+    Raises:
+        ValueError: the checkpoint was written by another number of processes, or with another
+            number of batches per epoch, so its position cannot be found in this run's data.
+    """
+    saved_world = checkpoint_world_size(folder)
+    if saved_world is not None and saved_world != args.world_size:
+        raise ValueError(
+            f"checkpoint {folder} was written by {saved_world} process(es) and this run has "
+            f"world_size={args.world_size}: the data order and RNG states differ with the number of processes, so the "
+            f"run would silently not continue where it stopped; resume with {saved_world} process(es)"
+        )
+    loop = json.loads((folder / LOOP_STATE_NAME).read_text()) if (folder / LOOP_STATE_NAME).exists() else None
+    ga = args.gradient_accumulation_steps
+    same_batches = loop is None or loop.get("batches_per_epoch") in (None, batches_per_epoch)
+    if not same_batches and not args.ignore_data_skip:
+        raise ValueError(
+            f"checkpoint {folder} was written with {loop['batches_per_epoch']} batches per epoch and this run has "
+            f"{batches_per_epoch}: the dataset, per_device_train_batch_size or dataloader_drop_last changed, so the "
+            "saved data position means something else here; resume with the same data and batch size"
+        )
+    if loop is not None and not args.ignore_data_skip:
+        epoch, skip = loop["epoch"], loop["batches_in_epoch"]
+    elif batches_per_epoch is None:  # a stream: its trained batches cannot be skipped, only read again
+        epoch, skip = 0, 0 if args.ignore_data_skip else global_step * ga
+    else:  # transformers' rule: whole optimizer steps of ga batches into the epoch
+        steps_per_epoch = max(-(-batches_per_epoch // ga), 1)
+        epoch = global_step // steps_per_epoch
+        skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * ga
+    if skip and batches_per_epoch is None:
+        raise ValueError(
+            f"checkpoint {folder} stopped {skip} batches into an iterable dataset, which cannot be skipped without "
+            "reading it; set ignore_data_skip=True to restart the stream from its beginning"
+        )
+    rng_file = folder / rng_state_name(args.process_index, args.world_size)
+    rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() else None
+    if rng is None:
+        logger.warning("checkpoint %s has no %s: the RNGs are not restored, so the resumed run is not exact", folder, rng_file.name)
+    return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop)
+
+
+def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any) -> None:
+    """Load ``optimizer.pt`` and ``scheduler.pt`` (``weights_only``) into the run's objects."""
+    missing = [name for name in (OPTIMIZER_NAME, SCHEDULER_NAME) if not (folder / name).exists()]
+    if missing:
+        raise ValueError(
+            f"checkpoint {folder} has no {' / '.join(missing)} (written with save_only_model=True?): it holds weights "
+            "only and cannot resume training; load its weights into the model and start a new run instead"
+        )
+    optimizer.load_state_dict(safe_load(folder / OPTIMIZER_NAME))
+    lr_scheduler.load_state_dict(safe_load(folder / SCHEDULER_NAME))
+
+
+def restore_callback_states(handler: Any, control: Any, states: dict) -> Any:
+    """Rebuild stateful callbacks (and ``TrainerControl``) from ``state.stateful_callbacks``, in place.
+
+    Each callback whose class name has a saved state is replaced, at the same position, by one
+    built from that state (several of a class are matched in order). Returns the control to use.
+    """
+    callbacks = list(handler.callbacks)
+    unmatched = []
+    for name, saved in states.items():
+        saved = saved if isinstance(saved, list) else [saved]
+        if type(control).__name__ == name:
+            control = type(control).from_state(saved[0])
+            continue
+        positions = [i for i, cb in enumerate(callbacks) if type(cb).__name__ == name]
+        if not positions:
+            unmatched.append(name)
+        for i, state in zip(positions, saved):
+            callbacks[i] = type(callbacks[i]).from_state(state)
+    if unmatched:
+        logger.warning("the checkpoint has states of callbacks this run does not use, ignored: %s", ", ".join(unmatched))
+    handler.callbacks = callbacks
+    return control
+
+
+# ---------------------------------------------------------------- SIGTERM / SIGUSR1
+
+
+class JITCheckpointCallback(TrainerCallback):
+    """On SIGTERM or SIGUSR1 (SLURM's warning), save a checkpoint at the next step end and stop.
+
+    Installed by the Trainer when ``enable_jit_checkpoint=True`` (transformers' name; off by
+    default, as there). The signal only sets a flag; the save happens at a step boundary through
+    the normal save path, so the checkpoint is complete and exact. The previous handlers come back
+    when training ends. With several processes the flags are combined at every step end (one
+    tiny all-reduce, only when this option is on), so all processes save and stop at the same step
+    even when the signal reaches them at different moments.
+    """
+
+    SIGNALS = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self):
+        self.requested = None  # the signal's name once one arrived
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = signal.Signals(signum).name
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.requested = None
+        for name in self.SIGNALS:
+            if hasattr(signal, name):
+                try:
+                    self._previous[name] = signal.signal(getattr(signal, name), self._handle)
+                except ValueError:  # not the main thread: signals cannot be caught here
+                    logger.warning("enable_jit_checkpoint: cannot install a %s handler outside the main thread", name)
+
+    def _agreed(self, args) -> bool:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return bool(self.requested)
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=args.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not self.requested:
+            self.requested = "a signal to another process"
+        return bool(flag.item())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._agreed(args):
+            logger.warning("%s received: saving checkpoint-%d and stopping training", self.requested, state.global_step)
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for name, previous in self._previous.items():
+            signal.signal(getattr(signal, name), previous)
+        self._previous.clear()

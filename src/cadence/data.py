@@ -44,6 +44,9 @@ class EpochSampler(Sampler[int]):
         rank, world_size: this process's share: every ``world_size``-th index from ``rank``.
             The epoch is padded by wrapping around so every process gets the same count.
 
+    ``set_epoch(epoch, skip)`` starts that epoch ``skip`` indices into this process's share: a
+    resumed run skips the samples it already trained on without loading them (O(1) in the step).
+
     Example:
         >>> s = EpochSampler(4, shuffle=False)
         >>> list(s)
@@ -54,12 +57,17 @@ class EpochSampler(Sampler[int]):
         self.num_samples, self.shuffle, self.seed = num_samples, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
+        self.skip = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Draw epoch ``epoch``'s order; leave out the first ``skip`` indices of this process's share."""
+        self.epoch, self.skip = epoch, skip
+
+    def _share(self) -> int:
+        return -(-self.num_samples // self.world_size)
 
     def __len__(self) -> int:
-        return -(-self.num_samples // self.world_size)
+        return max(self._share() - self.skip, 0)
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
@@ -67,9 +75,9 @@ class EpochSampler(Sampler[int]):
             order = torch.randperm(self.num_samples, generator=generator).tolist()
         else:
             order = list(range(self.num_samples))
-        padding = len(self) * self.world_size - self.num_samples
+        padding = self._share() * self.world_size - self.num_samples
         order += order[:padding]  # equal shares, so no process waits at a collective for another
-        return iter(order[self.rank :: self.world_size])
+        return iter(order[self.rank :: self.world_size][self.skip :])
 
 
 class EvalBatchSampler(Sampler[list[int]]):
@@ -171,19 +179,23 @@ class LengthGroupedSampler(Sampler[int]):
             lengths = sample_lengths(dataset, model_input_name or "input_ids")
         self.lengths = lengths.tolist() if isinstance(lengths, (torch.Tensor, np.ndarray)) else list(lengths)
         self.batch_size, self.generator, self.seed = batch_size, generator, seed
-        self.rank, self.world_size, self.epoch = rank, world_size, 0
+        self.rank, self.world_size, self.epoch, self.skip = rank, world_size, 0, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Draw epoch ``epoch``'s order; leave out the first ``skip`` indices of this process's share."""
+        self.epoch, self.skip = epoch, skip
+
+    def _share(self) -> int:
+        return -(-len(self.lengths) // self.world_size)
 
     def __len__(self) -> int:
-        return -(-len(self.lengths) // self.world_size)
+        return max(self._share() - self.skip, 0)
 
     def __iter__(self) -> Iterator[int]:
         generator = self.generator if self.generator is not None else torch.Generator().manual_seed(self.seed + self.epoch)
         order = length_grouped_indices(self.lengths, self.batch_size, generator=generator)
-        order += order[: len(self) * self.world_size - len(order)]  # equal shares for every process
-        return iter(order[self.rank :: self.world_size])
+        order += order[: self._share() * self.world_size - len(order)]  # equal shares for every process
+        return iter(order[self.rank :: self.world_size][self.skip :])
 
 
 def sample_lengths(dataset: Any, key: str, length_column: str | None = None) -> list[int]:
@@ -213,11 +225,25 @@ def sample_lengths(dataset: Any, key: str, length_column: str | None = None) -> 
     return lengths
 
 
-def set_epoch(dataloader: DataLoader, epoch: int) -> None:
-    """Tell the sampler and the dataset (e.g. a shuffling ``datasets.IterableDataset``) the epoch."""
-    for owner in (getattr(dataloader, "sampler", None), getattr(dataloader, "dataset", None)):
-        if callable(getattr(owner, "set_epoch", None)):
-            owner.set_epoch(epoch)
+def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0) -> None:
+    """Tell the sampler and the dataset (e.g. a shuffling ``datasets.IterableDataset``) the epoch.
+
+    ``skip``: samples of this process's share already trained (a resumed epoch); the sampler leaves
+    them out, so no batch is loaded to be thrown away.
+    """
+    sampler = getattr(dataloader, "sampler", None)
+    if skip and not isinstance(sampler, (EpochSampler, LengthGroupedSampler)):
+        raise ValueError(
+            f"cannot resume inside an epoch with a {type(sampler).__name__}: it cannot skip the trained samples; "
+            "set ignore_data_skip=True to restart the epoch from its first batch"
+        )
+    if isinstance(sampler, (EpochSampler, LengthGroupedSampler)):
+        sampler.set_epoch(epoch, skip)
+    elif callable(getattr(sampler, "set_epoch", None)):
+        sampler.set_epoch(epoch)
+    dataset = getattr(dataloader, "dataset", None)
+    if callable(getattr(dataset, "set_epoch", None)):
+        dataset.set_epoch(epoch)
 
 
 # ---------------------------------------------------------------- collators

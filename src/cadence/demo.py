@@ -77,8 +77,13 @@ class TinyGPT(nn.Module):
         return out
 
 
-def run_demo(output_dir: str = "cadence_output", max_steps: int = 200, block_size: int = 128, seed: int = 42) -> dict:
-    """Train TinyGPT on the embedded text; print a summary; return the train metrics."""
+def run_demo(output_dir: str = "cadence_output", max_steps: int = 200, block_size: int = 128, seed: int = 42,
+             resume: bool = False) -> dict:
+    """Train TinyGPT on the embedded text; print a summary; return the train metrics.
+
+    With ``resume``, continue from the newest checkpoint in ``output_dir`` (written every 100 steps
+    and at the end), exactly where it stopped.
+    """
     from .trainer import Trainer
     from .training_args import TrainingArguments
 
@@ -107,19 +112,19 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 200, block_siz
     )
     trainer = Trainer(model, args, train_dataset=train, eval_dataset=held_out)
     start = time.time()
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=True if resume else None)
     elapsed = time.time() - start
-    metrics = next(h for h in reversed(trainer.state.log_history) if "eval_loss" in h)  # the last step evaluated
+    # the last step evaluated, or one evaluation now for runs shorter than eval_steps
+    metrics = next((h for h in reversed(trainer.state.log_history) if "eval_loss" in h), None) or trainer.evaluate()
     trainer.save_model(output_dir)
     trainer.state.save_to_json(str(Path(output_dir) / "trainer_state.json"))
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    tokens = result.global_step * args.train_batch_size * args.gradient_accumulation_steps * args.world_size * block_size
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h] or [result.training_loss]
     summary = {
         "first_loss": losses[0],
         "last_loss": losses[-1],
         "eval_loss": metrics["eval_loss"],
         "perplexity": math.exp(metrics["eval_loss"]),
-        "tokens_per_second": tokens / elapsed,
+        "tokens_per_second": result.metrics["train_samples_per_second"] * block_size,  # this call's steps only
         "output_dir": str(Path(output_dir).resolve()),
     }
     print(

@@ -14,13 +14,11 @@ import inspect
 import logging
 import math
 import os
-import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -30,6 +28,7 @@ from .backend import Backend
 from .trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
+    ExportableState,
     PrinterCallback,
     ProgressCallback,
     TrainerCallback,
@@ -57,6 +56,9 @@ logger = logging.getLogger(__name__)
 class _RunningLoss:
     """The loss summed on the device between logs; read (one host sync) only when logging.
 
+    With the data position (``epoch``, ``batches_in_epoch``) it is the loop's in-flight state that a
+    checkpoint keeps (``loop_state.json``), so a resumed run logs exactly what an unbroken one logs.
+
     Each micro-batch's loss is only appended to a list (no device work on the hot path); the list
     is folded into the sums, with non-finite values counted and left out, when a log reads it.
     """
@@ -71,12 +73,29 @@ class _RunningLoss:
         self.last_logged_step = 0
         self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
         self.flos = 0.0  # this process's floating-point operations in this run
+        self.first_step = 0  # train_loss averages the steps from here (the resumed step when the sums were not saved)
+        self.resumed_step = 0  # the step this train() call started from
+        self.epoch, self.batches_in_epoch, self.batches_per_epoch = 0, 0, None  # where the data is
 
     def count(self, window: list, floating_point_ops: Callable) -> None:
         """Input tokens and FLOPs of one step's batches (no host sync)."""
         for inputs in window:
             self.tokens.add(inputs)
             self.flos += floating_point_ops(inputs)
+
+    def state_dict(self, backend: Backend) -> dict[str, Any]:
+        """Plain numbers (a float64 goes through JSON exactly); sums over processes (a collective)."""
+        self.fold()
+        nonfinite = 0 if self.nonfinite is None else int(backend.reduce_sum(self.nonfinite.clone()).item())
+        return {"loss_sum": backend.reduce_mean(self.sum.clone()).item(), "nonfinite": nonfinite, "total": self.total,
+                "last_logged_step": self.last_logged_step, "first_step": self.first_step, "epoch": self.epoch,
+                "batches_in_epoch": self.batches_in_epoch, "batches_per_epoch": self.batches_per_epoch}
+
+    def load_state_dict(self, state: dict[str, Any], is_main: bool) -> None:
+        self.sum.fill_(state["loss_sum"])  # every process: the logged value is their mean
+        if self.nonfinite is not None and is_main:  # one process: the logged count is their sum
+            self.nonfinite.fill_(state["nonfinite"])
+        self.total, self.last_logged_step, self.first_step = state["total"], state["last_logged_step"], state["first_step"]
 
     def add(self, step_loss: torch.Tensor) -> None:
         self.pending.append(step_loss)
@@ -167,6 +186,8 @@ class Trainer:
 
         default_callbacks = [DefaultFlowCallback, *(callbacks or [])]
         default_callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
+        if args.enable_jit_checkpoint:
+            default_callbacks.append(checkpoint.JITCheckpointCallback)
         self.callback_handler = CallbackHandler(default_callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler)
         self.state = TrainerState(
             is_local_process_zero=args.local_process_index == 0, is_world_process_zero=args.process_index == 0
@@ -356,7 +377,10 @@ class Trainer:
         """Train the model; returns ``TrainOutput(global_step, training_loss, metrics)``.
 
         Args:
-            resume_from_checkpoint: not built yet in this version (a clear error is raised).
+            resume_from_checkpoint: a ``checkpoint-N`` folder (of cadence or transformers), or True for
+                the newest complete one in ``output_dir``. The run continues exactly where that
+                checkpoint was written: weights, optimizer, scheduler, RNGs, data position (skipped in
+                the sampler, nothing is loaded twice), logged-loss sums and ``TrainerState``.
             ignore_keys_for_eval: output keys to leave out of predictions during evaluation.
 
         Example:
@@ -365,16 +389,22 @@ class Trainer:
         """
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
-        if resume_from_checkpoint not in (None, False):
-            raise ValueError(
-                "resume_from_checkpoint is not built yet in cadence (checkpoints are written; resuming them is the "
-                "next feature): start the run without it"
-            )
+        if resume_from_checkpoint in (None, False):
+            resume_from_checkpoint = None
+        else:
+            if self.args.should_save and os.path.isdir(self.args.output_dir):
+                checkpoint.remove_incomplete(self.args.output_dir)  # killed saves: never chosen, cleaned up
+            self.backend.barrier()  # so every process sees the same checkpoints
+            resume_from_checkpoint = checkpoint.resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if self.model_init is not None:
             set_seed(self.args.seed)
             self.model = self.model_wrapped = self.model_init().to(self.backend.device)
             self.optimizer = self.lr_scheduler = None
-        return self._inner_training_loop(args=self.args, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+        if resume_from_checkpoint is not None:
+            logger.info("resuming from %s", resume_from_checkpoint)
+            checkpoint.load_model_weights(self.model, resume_from_checkpoint)
+        return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                         ignore_keys_for_eval=ignore_keys_for_eval)
 
     def _step_counts(self, dataloader: DataLoader) -> tuple[int, int, int | None]:
         """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""
@@ -413,14 +443,17 @@ class Trainer:
             stateful_callbacks=self.state.stateful_callbacks,
         )
         self.state.compute_steps(args, max_steps)
+        tokens = data.TokenCounter(args.include_num_input_tokens_seen, getattr(self.model, "main_input_name", "input_ids"),
+                                   getattr(self.processing_class, "pad_token_id", None))
+        running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter, tokens)
+        running.batches_per_epoch = batches_per_epoch
+        resume = None
+        if resume_from_checkpoint is not None:
+            resume = self._load_resume_state(Path(resume_from_checkpoint), running, max_steps, num_train_epochs)
         for handler_attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, handler_attr, getattr(self, handler_attr))
         self.callback_handler.train_dataloader = train_dataloader
         self._log_run_header(max_steps, batches_per_epoch)
-
-        tokens = data.TokenCounter(args.include_num_input_tokens_seen, getattr(self.model, "main_input_name", "input_ids"),
-                                   getattr(self.processing_class, "pad_token_id", None))
-        running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter, tokens)
         self._initial_num_input_tokens_seen, self._initial_total_flos = self.state.num_input_tokens_seen, self.state.total_flos
         grad_norm: torch.Tensor | None = None
         learning_rate = 0.0
@@ -431,11 +464,18 @@ class Trainer:
         if args.eval_on_start:
             self._evaluate(ignore_keys_for_eval)
 
-        for epoch in range(num_train_epochs):  # ---- epoch
-            data.set_epoch(train_dataloader, epoch)
+        first_epoch = 0 if resume is None else resume.epoch
+        for epoch in range(first_epoch, num_train_epochs):  # ---- epoch
+            resuming = resume is not None and epoch == first_epoch
+            skip = resume.skip_batches if resuming else 0  # batches the checkpoint had trained: never loaded
+            data.set_epoch(train_dataloader, epoch, skip * args.train_batch_size)
+            if resuming and not skip:  # saved between epochs: the RNGs continue from before this epoch's events
+                checkpoint.restore_rng_state(resume.rng)
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             batches = iter(train_dataloader)
-            micro_done = 0
+            if resuming and skip:  # saved inside the epoch, after its iterator drew the workers' seed
+                checkpoint.restore_rng_state(resume.rng)
+            micro_done = skip
             while True:  # ---- optimizer step: the next `ga` micro-batches
                 window = [b for _, b in zip(range(ga), batches)]
                 if not window:
@@ -475,6 +515,7 @@ class Trainer:
                 model.zero_grad(set_to_none=True)
                 self.state.global_step += 1
                 self.state.epoch = epoch + micro_done / batches_per_epoch if batches_per_epoch else None
+                running.epoch, running.batches_in_epoch = epoch, micro_done
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                 self._maybe_log_save_evaluate(running, grad_norm, learning_rate, model, ignore_keys_for_eval, start_time)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
@@ -483,6 +524,7 @@ class Trainer:
                 logger.warning("the training dataset yielded no batch: stopping at step %d", self.state.global_step)
                 self.control.should_training_stop = True
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            running.epoch, running.batches_in_epoch = epoch + 1, 0
             self._maybe_log_save_evaluate(running, grad_norm, learning_rate, model, ignore_keys_for_eval, start_time)
             if self.control.should_training_stop:
                 break
@@ -521,6 +563,49 @@ class Trainer:
         self.args.per_device_eval_batch_size = size // 2
         logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
 
+    def _load_resume_state(self, folder: Path, running: _RunningLoss, max_steps: int, num_train_epochs: int) -> checkpoint.ResumePoint:
+        """Load what ``folder`` holds besides the weights; returns where the data continues.
+
+        Order: the arguments first (an unsafe file stops everything before anything else is read),
+        then optimizer and scheduler, ``TrainerState`` (this run's step counts and intervals kept),
+        callback states (with ``restore_callback_states_from_checkpoint``), the logged-loss sums.
+        """
+        args = self.args
+        saved_args = checkpoint.load_training_args(folder) or {}
+        if not args.ignore_data_skip:
+            for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+                if name in saved_args and saved_args[name] != getattr(args, name):
+                    raise ValueError(
+                        f"checkpoint {folder} was written with {name}={saved_args[name]} and this run has "
+                        f"{name}={getattr(args, name)}: its data position would be wrong here; use the same value, or "
+                        "set ignore_data_skip=True to restart the checkpoint's epoch from its first batch"
+                    )
+        checkpoint.load_optimizer_and_scheduler(folder, self.optimizer, self.lr_scheduler)
+        saved = TrainerState.load_from_json(str(folder / checkpoint.TRAINER_STATE_NAME))
+        if saved.best_model_checkpoint is not None and not os.path.isdir(saved.best_model_checkpoint):
+            logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
+            saved.best_model_checkpoint = None
+        for name in ("is_local_process_zero", "is_world_process_zero", "logging_steps", "eval_steps", "save_steps"):
+            setattr(saved, name, getattr(self.state, name))
+        saved.max_steps, saved.num_train_epochs = max_steps, num_train_epochs
+        self.state = saved
+        if args.restore_callback_states_from_checkpoint:
+            self.control = checkpoint.restore_callback_states(self.callback_handler, self.control, saved.stateful_callbacks)
+        resume = checkpoint.resume_point(folder, saved.global_step, running.batches_per_epoch, args)
+        if resume.loop is not None:
+            running.load_state_dict(resume.loop, self.backend.is_main_process)
+        else:  # a transformers checkpoint: the loss since its last log is unknown; average this run's steps (HF's rule)
+            running.last_logged_step = running.first_step = saved.global_step
+        running.resumed_step = saved.global_step
+        if saved.global_step >= max_steps:  # nothing left to train; close the epoch if the saving run had not yet
+            if resume.skip_batches and running.batches_per_epoch:
+                resume.skip_batches = running.batches_per_epoch
+            else:
+                resume.epoch = num_train_epochs
+        logger.info("resuming at step %d: epoch %d, %d batches into it (skipped in the sampler)",
+                    saved.global_step, resume.epoch, resume.skip_batches)
+        return resume
+
     def _log_run_header(self, max_steps: int, batches_per_epoch: int | None) -> None:
         args = self.args
         total = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -535,8 +620,8 @@ class Trainer:
         running.fold()
         running.total += self.backend.reduce_mean(running.sum).item()
         self._store_counts(running)
-        steps = self.state.global_step
-        train_loss = running.total / max(steps, 1)
+        train_loss = running.total / max(self.state.global_step - running.first_step, 1)
+        steps = self.state.global_step - running.resumed_step  # speed counts this call's steps only
         num_samples = steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
         tokens = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
         metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps,
@@ -690,7 +775,7 @@ class Trainer:
             if self.args.save_strategy == "best":  # save exactly when the evaluation improved
                 self.control.should_save = is_new_best
         if self.control.should_save:
-            self._save_checkpoint(model)
+            self._save_checkpoint(model, loop_state=running.state_dict(self.backend))
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -727,30 +812,46 @@ class Trainer:
             self.state.best_global_step = self.state.global_step
         return True
 
-    def _save_checkpoint(self, model: nn.Module) -> Path:
-        """Write ``checkpoint-{global_step}`` atomically (main process), then rotate."""
-        folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+    def _save_checkpoint(self, model: nn.Module, trial: Any = None, loop_state: dict | None = None) -> Path:
+        """Write ``checkpoint-{global_step}`` atomically, then rotate (main process; each process its RNG file).
+
+        Args:
+            model: the model being trained (the unwrapped ``self.model`` is what is saved).
+            trial: unused (transformers' signature).
+            loop_state: the data position and loss sums (``loop_state.json``) for an exact resume.
+        """
+        args = self.args
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         best_step = self.state.best_global_step
-        if best_step and self.args.save_strategy in ("steps", "epoch", "best"):
-            best = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
+        if best_step and args.save_strategy in ("steps", "epoch", "best"):
+            best = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
             if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
                 self.state.best_model_checkpoint = str(best)
-        if self.args.should_save:
+        if not args.save_only_model:  # every process puts its RNG state into the staging folder first
+            if args.should_save:
+                checkpoint.prepare_staging(folder)
+            self.backend.barrier()
+            checkpoint.save_rng_state(folder, args.process_index, args.world_size)
+            self.backend.barrier()
+        stateful = [cb for cb in [*self.callback_handler.callbacks, self.control] if isinstance(cb, ExportableState)]
+        self.state.stateful_callbacks = TrainerState(stateful_callbacks=stateful).stateful_callbacks
+        if args.should_save:
             def write(tmp: Path) -> None:
                 checkpoint.save_model_weights(self.backend.unwrap(self.model), tmp, self.processing_class)
-                if not self.args.save_only_model:
+                if not args.save_only_model:
                     torch.save(self.optimizer.state_dict(), tmp / checkpoint.OPTIMIZER_NAME)
                     torch.save(self.lr_scheduler.state_dict(), tmp / checkpoint.SCHEDULER_NAME)
-                    torch.save(_rng_state(), tmp / f"rng_state_{self.args.process_index}.pth"
-                               if self.args.world_size > 1 else tmp / "rng_state.pth")
-                torch.save(self.args.to_dict(), tmp / checkpoint.TRAINING_ARGS_NAME)
-                checkpoint.save_json(self.args.to_dict(), tmp / checkpoint.TRAINING_ARGS_JSON)
+                    if loop_state is not None:
+                        checkpoint.save_json(loop_state, tmp / checkpoint.LOOP_STATE_NAME)
+                torch.save(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_NAME)
+                checkpoint.save_json(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_JSON)
                 self.state.save_to_json(str(tmp / checkpoint.TRAINER_STATE_NAME))  # last: marks completeness
 
-            checkpoint.write_atomically(folder, write)
+            checkpoint.write_atomically(folder, write, fresh=args.save_only_model)
         self.backend.barrier()  # every process agrees the save is complete before anything is deleted
-        if self.args.should_save:
-            checkpoint.rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint, folder)
+        if args.should_save:
+            checkpoint.remove_incomplete(args.output_dir)
+            checkpoint.rotate_checkpoints(args.output_dir, args.save_total_limit, self.state.best_model_checkpoint, folder)
         return folder
 
     def _load_best_model(self) -> None:
@@ -923,10 +1024,3 @@ class Trainer:
         logits = evaluation.outputs_to_logits(outputs, skip, has_labels)
         return loss, logits, labels
 
-
-def _rng_state() -> dict[str, Any]:
-    """Every RNG the run draws from, as plain data (loadable with ``torch.load(weights_only=True)``)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.random.get_rng_state_all()
-    return state

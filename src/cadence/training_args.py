@@ -369,7 +369,11 @@ class TrainingArguments:
         metadata=_help("Keep at most this many checkpoints (the newest and the best are always kept). None: all."),
     )
     enable_jit_checkpoint: bool = field(
-        default=False, metadata=_help("HF's switch for checkpointing on SIGTERM. Not built yet.")
+        default=False,
+        metadata=_help(
+            "On SIGTERM or SIGUSR1 (SLURM's warning signal), save a checkpoint at the next step end and stop training "
+            "(train() returns). Off by default, as in transformers."
+        ),
     )
 
     # --- Hugging Face Hub (only read when push_to_hub=True) ---
@@ -402,10 +406,10 @@ class TrainingArguments:
     # --- Resuming ---
     ignore_data_skip: bool = field(
         default=False,
-        metadata=_help("On resume, restart the epoch's data from its beginning instead of skipping. Not built yet."),
+        metadata=_help("On resume, restart the checkpoint's epoch from its first batch instead of skipping the trained ones."),
     )
     restore_callback_states_from_checkpoint: bool = field(
-        default=False, metadata=_help("On resume, restore the saved state of stateful callbacks. Not built yet.")
+        default=False, metadata=_help("On resume, restore the saved state of stateful callbacks (e.g. early-stopping patience).")
     )
 
     # --- Reproducibility ---
@@ -836,11 +840,8 @@ _NOT_YET_BUILT: dict[str, str] = {
     "use_liger_kernel": "Liger kernels",
     "neftune_noise_alpha": "NEFTune",
     "eval_use_gather_object": "gathering non-tensor outputs",
-    "enable_jit_checkpoint": "HF's SIGTERM checkpoint switch",
     "push_to_hub": "pushing to the Hugging Face Hub",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
-    "restore_callback_states_from_checkpoint": "restoring callback states",
-    "ignore_data_skip": "restarting resumed epochs from their beginning",
     "accelerator_config": "accelerator_config",
     "parallelism_config": "tensor/context parallelism",
     "fsdp": "FSDP",

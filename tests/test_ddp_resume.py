@@ -1,0 +1,49 @@
+"""Two processes: each writes its own rng_state_{rank}.pth, the main one the rest; a 2-process run
+stopped and resumed equals the unbroken 2-process run; a different number of processes is refused."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(__file__)
+
+
+def launch(nproc, out, *extra):
+    src = os.path.join(os.path.dirname(HERE), "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
+    worker = [os.path.join(HERE, "ddp_resume_worker.py"), out, *extra]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *worker]
+    return subprocess.run(cmd if nproc > 1 else [sys.executable, *worker], env=env, capture_output=True, text=True,
+                          timeout=240)
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_process_resume_is_exact_and_one_process_is_refused(tmp_path):
+    full, out = str(tmp_path / "full"), str(tmp_path / "run")
+    ok(launch(2, full))
+    ok(launch(2, out, "--stop", "3"))
+    ckpt = os.path.join(out, "checkpoint-3")
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(ckpt)) and "rng_state.pth" not in os.listdir(ckpt)
+    refused = launch(1, out, "--resume")
+    assert refused.returncode != 0 and "written by 2 process(es)" in refused.stderr
+    ok(launch(2, out, "--resume"))
+    expected = torch.load(os.path.join(full, "final.pt"), weights_only=True)
+    got = torch.load(os.path.join(out, "final.pt"), weights_only=True)
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
+    out = str(tmp_path / "run")
+    proc = launch(2, out, "--sigterm-rank0", "3")
+    ok(proc)
+    assert proc.stdout.count("STOPPED 3") == 2  # both processes saved and stopped at step 3
+    assert os.listdir(out) == ["checkpoint-3"]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(os.path.join(out, "checkpoint-3")))
