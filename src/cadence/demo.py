@@ -77,7 +77,7 @@ class TinyGPT(nn.Module):
         return out
 
 
-def run_demo(output_dir: str = "cadence_output", max_steps: int = 200, block_size: int = 128, seed: int = 42,
+def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_size: int = 128, seed: int = 42,
              resume: bool = False) -> dict:
     """Train TinyGPT on the embedded text; print a summary; return the train metrics.
 
@@ -102,7 +102,7 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 200, block_siz
         warmup_steps=0.05,
         lr_scheduler_type="cosine",
         weight_decay=0.1,
-        logging_steps=20,
+        logging_steps=25,
         eval_strategy="steps",
         eval_steps=100,
         save_steps=100,
