@@ -68,6 +68,7 @@ TRAINING_ARGS_NAME = "training_args.bin"
 TRAINING_ARGS_JSON = "training_args.json"
 RNG_STATE_NAME = "rng_state.pth"
 LOOP_STATE_NAME = "loop_state.json"
+STREAM_STATE_NAME = "stream_state.pt"  # an iterable dataset's own state_dict(), when it has one
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -429,6 +430,8 @@ class ResumePoint:
             the saving run had already created it) or just before it is created (``== 0``).
         loop: cadence's ``loop_state.json`` (loss summed since the last log, ...), None for
             checkpoints written by transformers.
+        stream_state: an iterable dataset's saved ``state_dict()``; when set, the stream continues
+            from it and ``skip_batches`` is 0.
     """
 
     folder: Path
@@ -436,6 +439,7 @@ class ResumePoint:
     skip_batches: int
     rng: dict | None
     loop: dict | None
+    stream_state: dict | None = None
 
 
 def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any) -> ResumePoint:
@@ -475,16 +479,14 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         steps_per_epoch = max(-(-batches_per_epoch // ga), 1)
         epoch = global_step // steps_per_epoch
         skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * ga
-    if skip and batches_per_epoch is None:
-        raise ValueError(
-            f"checkpoint {folder} stopped {skip} batches into an iterable dataset, which cannot be skipped without "
-            "reading it; set ignore_data_skip=True to restart the stream from its beginning"
-        )
+    stream_state = None
+    if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
+        stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
     rng_file = folder / rng_state_name(args.process_index, args.world_size)
     rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() else None
     if rng is None:
         logger.warning("checkpoint %s has no %s: the RNGs are not restored, so the resumed run is not exact", folder, rng_file.name)
-    return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop)
+    return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop, stream_state=stream_state)
 
 
 def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any) -> None:

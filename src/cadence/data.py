@@ -664,6 +664,31 @@ class IterableShard(IterableDataset):
             yield from buffer[mine]
 
 
+def stateful_stream(dataloader: DataLoader | None) -> Any:
+    """The iterable dataset behind ``dataloader`` when its position can be saved and restored.
+
+    That is a dataset with ``state_dict``/``load_state_dict`` (a Hugging Face ``IterableDataset``,
+    for one) read in the main process (``num_workers == 0``: with workers, the main process's copy
+    does not advance). None otherwise: a resumed stream is then skipped by reading it.
+    """
+    dataset = getattr(dataloader, "dataset", None)
+    if isinstance(dataset, IterableShard):
+        dataset = dataset.dataset
+    if dataset is None or not is_iterable_dataset(dataset) or getattr(dataloader, "num_workers", 0) > 0:
+        return None
+    if callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None)):
+        return dataset
+    return None
+
+
+def skip_stream(batches: Iterator, count: int) -> None:
+    """Read and drop ``count`` batches of a stream that cannot restore its position (logged: it costs time)."""
+    logger.warning("resuming an iterable dataset without state_dict(): reading and dropping the %d batches "
+                   "already trained (a dataset with state_dict/load_state_dict resumes without reading them)", count)
+    for _ in zip(range(count), batches):
+        pass
+
+
 # ---------------------------------------------------------------- token counting
 
 

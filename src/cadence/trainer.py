@@ -468,12 +468,17 @@ class Trainer:
         for epoch in range(first_epoch, num_train_epochs):  # ---- epoch
             resuming = resume is not None and epoch == first_epoch
             skip = resume.skip_batches if resuming else 0  # batches the checkpoint had trained: never loaded
-            data.set_epoch(train_dataloader, epoch, skip * args.train_batch_size)
+            stream = batches_per_epoch is None
+            data.set_epoch(train_dataloader, epoch, 0 if stream else skip * args.train_batch_size)
+            if resuming and resume.stream_state is not None:  # the stream continues from its saved position
+                data.stateful_stream(train_dataloader).load_state_dict(resume.stream_state)
             if resuming and not skip:  # saved between epochs: the RNGs continue from before this epoch's events
                 checkpoint.restore_rng_state(resume.rng)
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             batches = iter(train_dataloader)
             if resuming and skip:  # saved inside the epoch, after its iterator drew the workers' seed
+                if stream:  # a stream without state_dict(): its trained batches can only be read again
+                    data.skip_stream(batches, skip)
                 checkpoint.restore_rng_state(resume.rng)
             micro_done = skip
             while True:  # ---- optimizer step: the next `ga` micro-batches
@@ -843,6 +848,9 @@ class Trainer:
                     torch.save(self.lr_scheduler.state_dict(), tmp / checkpoint.SCHEDULER_NAME)
                     if loop_state is not None:
                         checkpoint.save_json(loop_state, tmp / checkpoint.LOOP_STATE_NAME)
+                    stream = data.stateful_stream(self.callback_handler.train_dataloader)
+                    if stream is not None:
+                        torch.save(stream.state_dict(), tmp / checkpoint.STREAM_STATE_NAME)
                 torch.save(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_NAME)
                 checkpoint.save_json(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_JSON)
                 self.state.save_to_json(str(tmp / checkpoint.TRAINER_STATE_NAME))  # last: marks completeness
