@@ -328,7 +328,6 @@ def test_best_model_settings_pass_the_combination_checks():
 # A value that switches each not-yet-built field on (default: True), and the settings it needs to get past
 # the earlier checks.
 _ON_VALUE = {
-    "tf32": True,
     "torch_compile_backend": "inductor",
     "torch_compile_mode": "max-autotune",
     "neftune_noise_alpha": 5.0,

@@ -59,6 +59,7 @@ class _RunningLoss:
         self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
         self.total = 0.0  # sum of the logged intervals, for train_loss
         self.last_logged_step = 0
+        self.skipped = self.skipped_total = 0  # optimizer steps fp16 loss scaling skipped (inf/NaN gradients)
 
     def add(self, step_loss: torch.Tensor) -> None:
         if self.nonfinite is None:
@@ -137,6 +138,7 @@ class Trainer:
         self._shifts_labels = data.loss_shifts_labels(model)
         self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
         self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
 
         default_callbacks = [DefaultFlowCallback, *(callbacks or [])]
         default_callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
@@ -314,7 +316,11 @@ class Trainer:
             set_seed(self.args.seed)
             self.model = self.model_wrapped = self.model_init().to(self.backend.device)
             self.optimizer = self.lr_scheduler = None
-        return self._inner_training_loop(args=self.args, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+        self.is_in_train = True
+        try:
+            return self._inner_training_loop(args=self.args, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+        finally:
+            self.is_in_train = False
 
     def _step_counts(self, dataloader: DataLoader) -> tuple[int, int, int | None]:
         """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""
@@ -392,12 +398,13 @@ class Trainer:
                         self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
                 # ---- clip, step, schedule
                 if args.max_grad_norm:
-                    grad_norm = self.backend.clip_grad_norm(model.parameters(), args.max_grad_norm)
+                    grad_norm = self.backend.clip_grad_norm(model.parameters(), args.max_grad_norm, self.optimizer)
                 self.control = self.callback_handler.on_pre_optimizer_step(args, self.state, self.control)
-                self.optimizer.step()
+                stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
                 self.control = self.callback_handler.on_optimizer_step(args, self.state, self.control)
                 learning_rate = self.optimizer.param_groups[0]["lr"]
-                if not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                running.skipped += not stepped
+                if stepped and not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                     self.lr_scheduler.step()
                 model.zero_grad(set_to_none=True)
                 self.state.global_step += 1
@@ -434,6 +441,9 @@ class Trainer:
         metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps)
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = train_loss
+        skipped = running.skipped_total + running.skipped
+        if skipped:
+            metrics["train_skipped_optimizer_steps"] = skipped
         self.log(metrics)
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
@@ -450,7 +460,8 @@ class Trainer:
             num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
         """
         inputs = self._prepare_inputs(inputs)
-        loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        with self.backend.autocast():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         normalised = num_items_in_batch is not None and (
             self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
         )
@@ -533,6 +544,12 @@ class Trainer:
                     logger.warning("%d non-finite loss(es) in steps %d-%d were left out of the logged loss",
                                    bad, running.last_logged_step + 1, self.state.global_step)
                 running.nonfinite.zero_()
+            if running.skipped:
+                logs["skipped_optimizer_steps"] = running.skipped
+                logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
+                               running.skipped, running.last_logged_step + 1, self.state.global_step)
+                running.skipped_total += running.skipped
+                running.skipped = 0
             if grad_norm is not None:
                 logs["grad_norm"] = grad_norm.item()
             logs["learning_rate"] = learning_rate
@@ -595,6 +612,8 @@ class Trainer:
                 if not self.args.save_only_model:
                     torch.save(self.optimizer.state_dict(), tmp / checkpoint.OPTIMIZER_NAME)
                     torch.save(self.lr_scheduler.state_dict(), tmp / checkpoint.SCHEDULER_NAME)
+                    if self.backend.scaler_state() is not None:
+                        torch.save(self.backend.scaler_state(), tmp / checkpoint.SCALER_NAME)
                     torch.save(_rng_state(), tmp / f"rng_state_{self.args.process_index}.pth"
                                if self.args.world_size > 1 else tmp / "rng_state.pth")
                 torch.save(self.args.to_dict(), tmp / checkpoint.TRAINING_ARGS_NAME)
@@ -677,6 +696,8 @@ class Trainer:
         if prediction_loss_only is None:
             prediction_loss_only = args.prediction_loss_only
         model = self.model_wrapped if self.model_wrapped is not self.model else self.backend.prepare_model(self.model)
+        if not self.is_in_train:  # fp16/bf16_full_eval: cast in place, as transformers (never mid-training)
+            model = self.backend.cast_for_eval(model)
         model.eval()
         self.callback_handler.eval_dataloader = dataloader
         per_batch = args.batch_eval_metrics  # compute_metrics per batch; evaluation then keeps nothing
@@ -751,7 +772,7 @@ class Trainer:
         if has_labels:
             labels = tuple(inputs[k].detach() for k in self.label_names)
             labels = labels[0] if len(labels) == 1 else labels
-        with torch.no_grad():
+        with torch.no_grad(), self.backend.autocast():
             if has_labels:
                 items = None  # the batch's own item count, as in training (a compute_loss_func divides by it)
                 if isinstance(inputs.get("labels"), torch.Tensor):

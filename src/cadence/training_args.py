@@ -189,16 +189,31 @@ class TrainingArguments:
     )
 
     # --- Precision ---
-    bf16: bool = field(default=False, metadata=_help("Train with bfloat16 autocast. Not built yet."))
-    fp16: bool = field(default=False, metadata=_help("Train with float16 autocast and loss scaling. Not built yet."))
+    bf16: bool = field(
+        default=False,
+        metadata=_help("Run forward and loss under bfloat16 autocast (weights stay float32); CPU or Ampere+ GPU."),
+    )
+    fp16: bool = field(
+        default=False,
+        metadata=_help(
+            "Run forward and loss under float16 autocast with loss scaling; steps with inf/NaN gradients are "
+            "skipped (the schedule does not advance) and logged as skipped_optimizer_steps."
+        ),
+    )
     bf16_full_eval: bool = field(
-        default=False, metadata=_help("Evaluate with the model cast to bfloat16. Not built yet.")
+        default=False,
+        metadata=_help("Evaluate outside train() with the model cast, in place, to bfloat16 (less memory)."),
     )
     fp16_full_eval: bool = field(
-        default=False, metadata=_help("Evaluate with the model cast to float16. Not built yet.")
+        default=False,
+        metadata=_help("Evaluate outside train() with the model cast, in place, to float16 (less memory)."),
     )
     tf32: bool | None = field(
-        default=None, metadata=_help("Turn TF32 matmuls on (True) or off (False) on Ampere+ GPUs. Not built yet.")
+        default=None,
+        metadata=_help(
+            "Turn TF32 matmuls on (True; needs a CUDA GPU of capability >= 8, else an error) or off (False; "
+            "nothing to do on a CPU). None leaves torch's setting."
+        ),
     )
 
     # --- Activation checkpointing ---
@@ -815,12 +830,6 @@ _STEP_INTERVALS = (
 # Features cadence does not have yet. "field" is refused when set to a truthy value other than its
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
 _NOT_YET_BUILT: dict[str, str] = {
-    "bf16": "mixed precision",
-    "fp16": "mixed precision",
-    "bf16_full_eval": "half-precision evaluation",
-    "fp16_full_eval": "half-precision evaluation",
-    "tf32": "TF32 control",
-    "tf32=False": "TF32 control",
     "activation_checkpointing": "activation checkpointing (also spelled gradient_checkpointing)",
     "gradient_checkpointing": "activation checkpointing (also spelled gradient_checkpointing)",
     "torch_compile": "torch.compile",
