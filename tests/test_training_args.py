@@ -330,7 +330,6 @@ def test_best_model_settings_pass_the_combination_checks():
 _ON_VALUE = {
     "torch_compile_backend": "inductor",
     "torch_compile_mode": "max-autotune",
-    "neftune_noise_alpha": 5.0,
     "include_num_input_tokens_seen": "all",
     "accelerator_config": {"split_batches": True},
     "parallelism_config": types.SimpleNamespace(tp_size=2),

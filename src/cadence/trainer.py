@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import checkpoint, data, evaluation, loss as loss_utils, optimization
+from . import checkpoint, data, evaluation, loss as loss_utils, neftune, optimization
 from .backend import Backend
 from .trainer_callback import (
     CallbackHandler,
@@ -174,6 +174,8 @@ class Trainer:
             )
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
+        if args.neftune_noise_alpha:
+            neftune.input_embeddings(self.model)
 
     @staticmethod
     def _accepts_loss_kwargs(model: nn.Module) -> bool:
@@ -317,10 +319,14 @@ class Trainer:
             self.model = self.model_wrapped = self.model_init().to(self.backend.device)
             self.optimizer = self.lr_scheduler = None
         self.is_in_train = True
+        alpha = self.args.neftune_noise_alpha  # noise only inside train(): the hook goes even on an error
+        noise = neftune.activate(self.backend.unwrap(self.model), alpha) if alpha else None
         try:
             return self._inner_training_loop(args=self.args, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
         finally:
             self.is_in_train = False
+            if noise is not None:
+                noise.remove()
 
     def _step_counts(self, dataloader: DataLoader) -> tuple[int, int, int | None]:
         """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""

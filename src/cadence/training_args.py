@@ -254,7 +254,11 @@ class TrainingArguments:
         default=False, metadata=_help("Keep the model's key/value cache on during training (rarely needed).")
     )
     neftune_noise_alpha: float | None = field(
-        default=None, metadata=_help("Scale of NEFTune noise added to embeddings while training. Not built yet.")
+        default=None,
+        metadata=_help(
+            "NEFTune: add uniform noise of scale alpha/sqrt(seq_len*hidden) to the input embeddings in training "
+            "forwards only (needs model.get_input_embeddings()); removed when train() ends."
+        ),
     )
     torch_empty_cache_steps: int | None = field(
         default=None,
@@ -804,6 +808,7 @@ _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     ),
     "eval_delay": (_at_least(0), ">= 0", "pass 0 to allow evaluation from the start"),
     "save_total_limit": (_at_least(1, True, True), "None or an integer >= 1", "pass None to keep every checkpoint"),
+    "neftune_noise_alpha": (_at_least(0, optional=True), "None or >= 0", "pass None to add no noise, or e.g. 5.0"),
     "torch_empty_cache_steps": (_at_least(1, True, True), "None or an integer >= 1", "pass None to never empty it"),
     "eval_accumulation_steps": (_at_least(1, True, True), "None or an integer >= 1", "pass None to keep all"),
     "dataloader_num_workers": (_at_least(0, integer=True), "an integer >= 0", "pass 0 to load in the main process"),
@@ -836,7 +841,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "torch_compile_backend": "torch.compile",
     "torch_compile_mode": "torch.compile",
     "use_liger_kernel": "Liger kernels",
-    "neftune_noise_alpha": "NEFTune",
     "auto_find_batch_size": "automatic batch-size search",
     "include_num_input_tokens_seen": "input-token counting",
     "eval_use_gather_object": "gathering non-tensor outputs",
