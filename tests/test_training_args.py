@@ -368,9 +368,9 @@ def test_not_yet_built_keys_are_fields():
     assert {key.partition("=")[0] for key in (*ta._NOT_YET_BUILT, *ta._REFUSED_BY_DESIGN)} <= names
 
 
-def test_gradient_checkpointing_old_name_is_refused_too():
-    with pytest.raises(ValueError, match="gradient_checkpointing"):
-        TrainingArguments(gradient_checkpointing=True)
+def test_gradient_checkpointing_old_name_turns_on_activation_checkpointing():
+    args = TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert args.activation_checkpointing is True and args.activation_checkpointing_kwargs == {"use_reentrant": False}
 
 
 def test_hub_fields_without_push_are_accepted():

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import checkpoint, data, evaluation, loss as loss_utils, neftune, optimization
+from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization
 from .backend import Backend
 from .trainer_callback import (
     CallbackHandler,
@@ -176,6 +176,8 @@ class Trainer:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
         if args.neftune_noise_alpha:
             neftune.input_embeddings(self.model)
+        if args.activation_checkpointing:
+            activation_checkpointing.check(self.model)
 
     @staticmethod
     def _accepts_loss_kwargs(model: nn.Module) -> bool:
@@ -318,6 +320,9 @@ class Trainer:
             set_seed(self.args.seed)
             self.model = self.model_wrapped = self.model_init().to(self.backend.device)
             self.optimizer = self.lr_scheduler = None
+        if self.args.activation_checkpointing:  # as transformers: on from train() on (enabling twice is harmless)
+            how = activation_checkpointing.enable(self.backend.unwrap(self.model), self.args.activation_checkpointing_kwargs)
+            logger.info("activation checkpointing on, through %s", how)
         self.is_in_train = True
         alpha = self.args.neftune_noise_alpha  # noise only inside train(): the hook goes even on an error
         noise = neftune.activate(self.backend.unwrap(self.model), alpha) if alpha else None

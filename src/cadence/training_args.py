@@ -219,7 +219,12 @@ class TrainingArguments:
     # --- Activation checkpointing ---
     activation_checkpointing: bool | None = field(
         default=None,
-        metadata=_help("Recompute activations in backward to save memory. Not built yet.", nargs="?", const=True),
+        metadata=_help(
+            "Recompute activations in backward to save memory: through the model's activation_checkpointing_enable"
+            "/gradient_checkpointing_enable, or the blocks a plain module lists in its checkpoint_modules attribute.",
+            nargs="?",
+            const=True,
+        ),
     )
     activation_checkpointing_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata=_help("Options for activation checkpointing, as a dict or JSON object string.")
@@ -835,8 +840,6 @@ _STEP_INTERVALS = (
 # Features cadence does not have yet. "field" is refused when set to a truthy value other than its
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
 _NOT_YET_BUILT: dict[str, str] = {
-    "activation_checkpointing": "activation checkpointing (also spelled gradient_checkpointing)",
-    "gradient_checkpointing": "activation checkpointing (also spelled gradient_checkpointing)",
     "torch_compile": "torch.compile",
     "torch_compile_backend": "torch.compile",
     "torch_compile_mode": "torch.compile",
