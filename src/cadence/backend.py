@@ -67,20 +67,31 @@ class Backend:
         # fp16's narrow range needs loss scaling; bf16 has float32's range and needs none
         self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype == torch.float16 else None
         _apply_tf32(args.tf32, self.device)
+        self.compile_options = (
+            dict(backend=args.torch_compile_backend, mode=args.torch_compile_mode, dynamic=True) if args.torch_compile else None
+        )
 
     @property
     def is_main_process(self) -> bool:
         return self.process_index == 0
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move to the device; wrap for data parallelism only when there are several processes."""
+        """Move to the device; compile once with ``torch_compile``; wrap for data parallelism only when
+        there are several processes."""
         model = model.to(self.device)
+        if self.compile_options is not None and not getattr(model, _COMPILED, False):
+            # in place: no wrapper, so state-dict keys carry no `_orig_mod.`; dynamic shapes, so batches padded
+            # to different lengths reuse one compilation instead of recompiling per length
+            model.compile(**self.compile_options)
+            setattr(model, _COMPILED, True)
         if self.accelerator is None:
             return model
         return self.accelerator.prepare_model(model)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model if self.accelerator is None else self.accelerator.unwrap_model(model)
+        """The user's module: without the DDP wrapper, and without torch.compile's (``_orig_mod``) if given one."""
+        model = model if self.accelerator is None else self.accelerator.unwrap_model(model)
+        return getattr(model, "_orig_mod", model)
 
     def no_sync(self, model: torch.nn.Module):
         """Skip the gradient all-reduce for a micro-batch that is not the last of its step."""
@@ -165,6 +176,8 @@ class Backend:
         if self.accelerator is not None:
             self.accelerator.wait_for_everyone()
 
+
+_COMPILED = "_cadence_compiled"  # set on a module compiled in place, so it is compiled once
 
 _HALF_DTYPES: dict[str | None, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}
 

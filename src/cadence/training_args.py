@@ -242,12 +242,18 @@ class TrainingArguments:
     )
 
     # --- Compilation and kernels ---
-    torch_compile: bool = field(default=False, metadata=_help("Wrap the model in torch.compile. Not built yet."))
+    torch_compile: bool = field(
+        default=False,
+        metadata=_help(
+            "Compile the model in place (nn.Module.compile, dynamic shapes: one compilation however batches are "
+            "padded); state-dict keys and checkpoints stay those of the plain model."
+        ),
+    )
     torch_compile_backend: str | None = field(
-        default=None, metadata=_help("torch.compile backend; setting it implies torch_compile. Not built yet.")
+        default=None, metadata=_help("torch.compile backend (default inductor); setting it implies torch_compile.")
     )
     torch_compile_mode: str | None = field(
-        default=None, metadata=_help("torch.compile mode; setting it implies torch_compile. Not built yet.")
+        default=None, metadata=_help("torch.compile mode (e.g. 'reduce-overhead'); setting it implies torch_compile.")
     )
     use_liger_kernel: bool = field(default=False, metadata=_help("Patch the model with Liger kernels. Not built yet."))
     liger_kernel_config: dict[str, bool] | None = field(
@@ -576,6 +582,7 @@ class TrainingArguments:
         _derive_eval_steps(self)
         _derive_best_model_metric(self)
         _derive_simple_defaults(self)
+        _derive_torch_compile(self)
         # 4. Single values.
         _check_value_rules(self)
         _check_choices(self)
@@ -840,9 +847,6 @@ _STEP_INTERVALS = (
 # Features cadence does not have yet. "field" is refused when set to a truthy value other than its
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
 _NOT_YET_BUILT: dict[str, str] = {
-    "torch_compile": "torch.compile",
-    "torch_compile_backend": "torch.compile",
-    "torch_compile_mode": "torch.compile",
     "use_liger_kernel": "Liger kernels",
     "auto_find_batch_size": "automatic batch-size search",
     "include_num_input_tokens_seen": "input-token counting",
@@ -1027,6 +1031,14 @@ def _derive_simple_defaults(args: TrainingArguments) -> None:
         args.disable_tqdm = logging.getLogger("cadence").getEffectiveLevel() > logging.WARNING
     if args.use_cpu:
         args.dataloader_pin_memory = False  # pinning only speeds up copies to a GPU
+
+
+def _derive_torch_compile(args: TrainingArguments) -> None:
+    # HF's rule: naming a backend or mode turns compilation on; the backend defaults to inductor.
+    if args.torch_compile_backend is not None or args.torch_compile_mode is not None:
+        args.torch_compile = True
+    if args.torch_compile and args.torch_compile_backend is None:
+        args.torch_compile_backend = "inductor"
 
 
 def _check_value_rules(args: TrainingArguments) -> None:
