@@ -336,7 +336,6 @@ _ON_VALUE = {
     "fsdp": "full_shard",
     "fsdp_config": {"version": 2},
     "deepspeed": {"zero_optimization": {"stage": 2}},
-    "debug": "underflow_overflow",
     "optim_target_modules": ["attn"],
 }
 _CONTEXT: dict = {}

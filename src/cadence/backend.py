@@ -141,6 +141,12 @@ class Backend:
         self.scaler.update()
         return self.scaler.get_scale() >= scale  # the scale backs off exactly when the step was skipped
 
+    def empty_cache(self) -> None:
+        """Return the device's cached free memory to the driver (``torch_empty_cache_steps``); nothing on a CPU."""
+        release = _EMPTY_CACHE.get(self.device.type)
+        if release is not None:
+            release()
+
     def scaler_state(self) -> dict[str, Any] | None:
         """The grad scaler's state for ``scaler.pt``, or None when there is no loss scaling."""
         return None if self.scaler is None else self.scaler.state_dict()
@@ -176,6 +182,13 @@ class Backend:
         if self.accelerator is not None:
             self.accelerator.wait_for_everyone()
 
+
+# device type -> how to release its allocator's cache (a CPU has none to release)
+_EMPTY_CACHE = {
+    "cuda": lambda: torch.cuda.empty_cache(),
+    "mps": lambda: torch.mps.empty_cache(),
+    "xpu": lambda: torch.xpu.empty_cache(),
+}
 
 _COMPILED = "_cadence_compiled"  # set on a module compiled in place, so it is compiled once
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization
+from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
 from .backend import Backend
 from .trainer_callback import (
     CallbackHandler,
@@ -324,14 +324,23 @@ class Trainer:
             how = activation_checkpointing.enable(self.backend.unwrap(self.model), self.args.activation_checkpointing_kwargs)
             logger.info("activation checkpointing on, through %s", how)
         self.is_in_train = True
-        alpha = self.args.neftune_noise_alpha  # noise only inside train(): the hook goes even on an error
-        noise = neftune.activate(self.backend.unwrap(self.model), alpha) if alpha else None
+        hooks = self._attach_training_hooks()
         try:
             return self._inner_training_loop(args=self.args, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
-        finally:
+        finally:  # removed even on an error: the saved and later-evaluated model is clean
             self.is_in_train = False
-            if noise is not None:
-                noise.remove()
+            for hook in hooks:
+                hook.remove()
+
+    def _attach_training_hooks(self) -> list:
+        """Hooks that live only inside ``train()``: NEFTune noise, the underflow/overflow detector."""
+        model, args = self.backend.unwrap(self.model), self.args
+        hooks = []
+        if args.neftune_noise_alpha:
+            hooks.append(neftune.activate(model, args.neftune_noise_alpha))
+        if "underflow_overflow" in args.debug:
+            hooks.append(overflow.UnderflowOverflowDetector(model, lambda: self.state.global_step))
+        return hooks
 
     def _step_counts(self, dataloader: DataLoader) -> tuple[int, int, int | None]:
         """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""
@@ -419,6 +428,8 @@ class Trainer:
                     self.lr_scheduler.step()
                 model.zero_grad(set_to_none=True)
                 self.state.global_step += 1
+                if args.torch_empty_cache_steps and self.state.global_step % args.torch_empty_cache_steps == 0:
+                    self.backend.empty_cache()
                 self.state.epoch = epoch + micro_done / batches_per_epoch if batches_per_epoch else None
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                 self._maybe_log_save_evaluate(running, grad_norm, learning_rate, model, ignore_keys_for_eval, start_time)

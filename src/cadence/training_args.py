@@ -513,7 +513,11 @@ class TrainingArguments:
 
     # --- Debugging ---
     debug: str | list[str] = field(
-        default="", metadata=_help("HF debug features ('underflow_overflow', 'tpu_metrics_debug'). Not built yet.")
+        default="",
+        metadata=_help(
+            "Debug features, space-separated: 'underflow_overflow' stops training at the first module whose "
+            "forward produces inf/NaN and names it ('tpu_metrics_debug' is not built: cadence has no TPU support)."
+        ),
     )
     skip_memory_metrics: bool = field(
         default=True, metadata=_help("Do not add memory-usage numbers to the metrics (measuring them is slow).")
@@ -589,6 +593,7 @@ class TrainingArguments:
         _check_step_intervals(self)
         # 5. Combinations.
         _check_one_precision(self)
+        _check_debug(self)
         _check_best_model_strategies(self)
         _check_scheduler_needs_eval(self)
         _check_prefetch_needs_workers(self)
@@ -862,7 +867,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "fsdp": "FSDP",
     "fsdp_config": "FSDP",
     "deepspeed": "DeepSpeed",
-    "debug": "HF debug features",
     "optim_target_modules": "GaLore/APOLLO target modules",
 }
 
@@ -1081,6 +1085,15 @@ def _check_one_precision(args: TrainingArguments) -> None:
             raise ValueError(
                 f"{a}=True together with {b}=True is invalid: only one half-precision type can be used; keep one"
             )
+
+
+def _check_debug(args: TrainingArguments) -> None:
+    for name in args.debug:
+        if name == "tpu_metrics_debug":
+            raise ValueError(f"debug={args.debug!r}: 'tpu_metrics_debug' is not built in cadence yet (no TPU support); "
+                             "remove it")
+        if name != "underflow_overflow":
+            raise _invalid("debug", args.debug, "'underflow_overflow' (space-separated names)", f"remove {name!r}")
 
 
 def _check_best_model_strategies(args: TrainingArguments) -> None:
