@@ -482,7 +482,7 @@ class Trainer:
             num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
         """
         inputs = self._prepare_inputs(inputs)
-        with self.backend.autocast():
+        with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         normalised = num_items_in_batch is not None and (
             self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
@@ -498,6 +498,10 @@ class Trainer:
             loss = loss * weight
         self.backend.backward(loss)
         return loss.detach()
+
+    def compute_loss_context_manager(self):
+        """The context of forward and loss: autocast with ``bf16``/``fp16`` (HF's name, for subclasses)."""
+        return self.backend.autocast()
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         """The loss of one batch: ``compute_loss_func`` > label smoothing > the model's own loss.
@@ -794,7 +798,7 @@ class Trainer:
         if has_labels:
             labels = tuple(inputs[k].detach() for k in self.label_names)
             labels = labels[0] if len(labels) == 1 else labels
-        with torch.no_grad(), self.backend.autocast():
+        with torch.no_grad(), self.compute_loss_context_manager():
             if has_labels:
                 items = None  # the batch's own item count, as in training (a compute_loss_func divides by it)
                 if isinstance(inputs.get("labels"), torch.Tensor):
