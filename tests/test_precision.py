@@ -2,6 +2,7 @@
 full-precision-cast evaluation, TF32 and the hardware errors."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ def _losses(trainer):
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
-class _OutputDtypes(TrainerCallback):
+class _OutputDtypes:
     """Records the dtype of the LM head's output in every training forward."""
 
     def __init__(self, module):
@@ -128,8 +129,6 @@ def test_no_scaler_without_fp16(out_dir):
                       train_dataset=TokenDataset(8), data_collator=pad_collate)
     trainer.train()
     assert trainer.backend.scaler is None
-    import os
-
     assert not os.path.exists(f"{out_dir}/checkpoint-1/scaler.pt")
 
 
