@@ -83,6 +83,8 @@ _POST_INIT_SKIP = {
         {"metric_for_best_model": "eval_loss", "lr_scheduler_type": "cosine", "warmup_steps": 0.1},
         {"lr_scheduler_type": "reduce_lr_on_plateau", "eval_strategy": "steps", "eval_steps": 0.25},
         {"include_num_input_tokens_seen": False, "gradient_checkpointing": False, "debug": ""},
+        {"torch_compile_mode": "reduce-overhead", "gradient_checkpointing": True, "bf16": True, "use_cpu": True},
+        {"torch_compile": True, "fp16_full_eval": True, "neftune_noise_alpha": 5.0, "tf32": False},
     ],
 )
 def test_resolved_values_match_transformers(hf, tmp_path, kwargs):
@@ -327,17 +329,12 @@ def test_best_model_settings_pass_the_combination_checks():
 # A value that switches each not-yet-built field on (default: True), and the settings it needs to get past
 # the earlier checks.
 _ON_VALUE = {
-    "tf32": True,
-    "torch_compile_backend": "inductor",
-    "torch_compile_mode": "max-autotune",
-    "neftune_noise_alpha": 5.0,
     "include_num_input_tokens_seen": "all",
     "accelerator_config": {"split_batches": True},
     "parallelism_config": types.SimpleNamespace(tp_size=2),
     "fsdp": "full_shard",
     "fsdp_config": {"version": 2},
     "deepspeed": {"zero_optimization": {"stage": 2}},
-    "debug": "underflow_overflow",
     "optim_target_modules": ["attn"],
 }
 _CONTEXT: dict = {}
@@ -369,9 +366,9 @@ def test_not_yet_built_keys_are_fields():
     assert {key.partition("=")[0] for key in (*ta._NOT_YET_BUILT, *ta._REFUSED_BY_DESIGN)} <= names
 
 
-def test_gradient_checkpointing_old_name_is_refused_too():
-    with pytest.raises(ValueError, match="gradient_checkpointing"):
-        TrainingArguments(gradient_checkpointing=True)
+def test_gradient_checkpointing_old_name_turns_on_activation_checkpointing():
+    args = TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert args.activation_checkpointing is True and args.activation_checkpointing_kwargs == {"use_reentrant": False}
 
 
 def test_hub_fields_without_push_are_accepted():
@@ -380,8 +377,8 @@ def test_hub_fields_without_push_are_accepted():
 
 
 def test_refusal_is_one_table_line(monkeypatch):
-    monkeypatch.delitem(ta._NOT_YET_BUILT, "torch_compile")
-    assert TrainingArguments(torch_compile=True).torch_compile is True
+    monkeypatch.delitem(ta._NOT_YET_BUILT, "use_liger_kernel")
+    assert TrainingArguments(use_liger_kernel=True).use_liger_kernel is True
 
 
 # ---------------------------------------------------------------------------------- serialisation

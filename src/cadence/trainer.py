@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import checkpoint, data, evaluation, loss as loss_utils, optimization
+from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
 from .backend import Backend
 from .trainer_callback import (
     CallbackHandler,
@@ -76,6 +76,7 @@ class _RunningLoss:
         self.first_step = 0  # train_loss averages the steps from here (the resumed step when the sums were not saved)
         self.resumed_step = 0  # the step this train() call started from
         self.epoch, self.batches_in_epoch, self.batches_per_epoch = 0, 0, None  # where the data is
+        self.skipped = self.skipped_total = 0  # optimizer steps fp16 loss scaling skipped (inf/NaN gradients)
 
     def count(self, window: list, floating_point_ops: Callable) -> None:
         """Input tokens and FLOPs of one step's batches (no host sync)."""
@@ -183,6 +184,7 @@ class Trainer:
         self._shifts_labels = data.loss_shifts_labels(model)
         self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
         self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
 
         default_callbacks = [DefaultFlowCallback, *(callbacks or [])]
         default_callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
@@ -226,6 +228,10 @@ class Trainer:
             )
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
+        if args.neftune_noise_alpha:
+            neftune.input_embeddings(self.model)
+        if args.activation_checkpointing:
+            activation_checkpointing.check(self.model)
 
     @staticmethod
     def _accepts_loss_kwargs(model: nn.Module) -> bool:
@@ -403,8 +409,28 @@ class Trainer:
         if resume_from_checkpoint is not None:
             logger.info("resuming from %s", resume_from_checkpoint)
             checkpoint.load_model_weights(self.model, resume_from_checkpoint)
-        return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                                         ignore_keys_for_eval=ignore_keys_for_eval)
+        if self.args.activation_checkpointing:  # as transformers: on from train() on (enabling twice is harmless)
+            how = activation_checkpointing.enable(self.backend.unwrap(self.model), self.args.activation_checkpointing_kwargs)
+            logger.info("activation checkpointing on, through %s", how)
+        self.is_in_train = True
+        hooks = self._attach_training_hooks()
+        try:
+            return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                             ignore_keys_for_eval=ignore_keys_for_eval)
+        finally:  # removed even on an error: the saved and later-evaluated model is clean
+            self.is_in_train = False
+            for hook in hooks:
+                hook.remove()
+
+    def _attach_training_hooks(self) -> list:
+        """Hooks that live only inside ``train()``: NEFTune noise, the underflow/overflow detector."""
+        model, args = self.backend.unwrap(self.model), self.args
+        hooks = []
+        if args.neftune_noise_alpha:
+            hooks.append(neftune.activate(model, args.neftune_noise_alpha))
+        if "underflow_overflow" in args.debug:
+            hooks.append(overflow.UnderflowOverflowDetector(model, lambda: self.state.global_step))
+        return hooks
 
     def _step_counts(self, dataloader: DataLoader) -> tuple[int, int, int | None]:
         """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""
@@ -510,15 +536,18 @@ class Trainer:
                     running.add(loss)
                 # ---- clip, step, schedule
                 if args.max_grad_norm:
-                    grad_norm = self.backend.clip_grad_norm(model.parameters(), args.max_grad_norm)
+                    grad_norm = self.backend.clip_grad_norm(model.parameters(), args.max_grad_norm, self.optimizer)
                 self.control = self.callback_handler.on_pre_optimizer_step(args, self.state, self.control)
-                self.optimizer.step()
+                stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
                 self.control = self.callback_handler.on_optimizer_step(args, self.state, self.control)
                 learning_rate = self.optimizer.param_groups[0]["lr"]
-                if not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                running.skipped += not stepped
+                if stepped and not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                     self.lr_scheduler.step()
                 model.zero_grad(set_to_none=True)
                 self.state.global_step += 1
+                if args.torch_empty_cache_steps and self.state.global_step % args.torch_empty_cache_steps == 0:
+                    self.backend.empty_cache()
                 self.state.epoch = epoch + micro_done / batches_per_epoch if batches_per_epoch else None
                 running.epoch, running.batches_in_epoch = epoch, micro_done
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
@@ -586,6 +615,8 @@ class Trainer:
                         "set ignore_data_skip=True to restart the checkpoint's epoch from its first batch"
                     )
         checkpoint.load_optimizer_and_scheduler(folder, self.optimizer, self.lr_scheduler)
+        if (folder / checkpoint.SCALER_NAME).exists():
+            self.backend.load_scaler_state(checkpoint.safe_load(folder / checkpoint.SCALER_NAME))
         saved = TrainerState.load_from_json(str(folder / checkpoint.TRAINER_STATE_NAME))
         if saved.best_model_checkpoint is not None and not os.path.isdir(saved.best_model_checkpoint):
             logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
@@ -633,6 +664,9 @@ class Trainer:
                                 num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = train_loss
+        skipped = running.skipped_total + running.skipped
+        if skipped:
+            metrics["train_skipped_optimizer_steps"] = skipped
         self.log(metrics)
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
@@ -649,7 +683,8 @@ class Trainer:
             num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
         """
         inputs = self._prepare_inputs(inputs)
-        loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         normalised = num_items_in_batch is not None and (
             self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
         )
@@ -664,6 +699,10 @@ class Trainer:
             loss = loss * weight
         self.backend.backward(loss)
         return loss.detach()
+
+    def compute_loss_context_manager(self):
+        """The context of forward and loss: autocast with ``bf16``/``fp16`` (HF's name, for subclasses)."""
+        return self.backend.autocast()
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         """The loss of one batch: ``compute_loss_func`` > label smoothing > the model's own loss.
@@ -764,6 +803,12 @@ class Trainer:
                     logger.warning("%d non-finite loss(es) in steps %d-%d were left out of the logged loss",
                                    bad, running.last_logged_step + 1, self.state.global_step)
                 running.nonfinite.zero_()
+            if running.skipped:
+                logs["skipped_optimizer_steps"] = running.skipped
+                logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
+                               running.skipped, running.last_logged_step + 1, self.state.global_step)
+                running.skipped_total += running.skipped
+                running.skipped = 0
             if grad_norm is not None:
                 logs["grad_norm"] = grad_norm.item()
             logs["learning_rate"] = learning_rate
@@ -851,6 +896,8 @@ class Trainer:
                     stream = data.stateful_stream(self.callback_handler.train_dataloader)
                     if stream is not None:
                         torch.save(stream.state_dict(), tmp / checkpoint.STREAM_STATE_NAME)
+                    if self.backend.scaler_state() is not None:
+                        torch.save(self.backend.scaler_state(), tmp / checkpoint.SCALER_NAME)
                 torch.save(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_NAME)
                 checkpoint.save_json(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_JSON)
                 self.state.save_to_json(str(tmp / checkpoint.TRAINER_STATE_NAME))  # last: marks completeness
@@ -942,6 +989,8 @@ class Trainer:
         if prediction_loss_only is None:
             prediction_loss_only = args.prediction_loss_only
         model = self.model_wrapped if self.model_wrapped is not self.model else self.backend.prepare_model(self.model)
+        if not self.is_in_train:  # fp16/bf16_full_eval: cast in place, as transformers (never mid-training)
+            model = self.backend.cast_for_eval(model)
         model.eval()
         self.callback_handler.eval_dataloader = dataloader
         per_batch = args.batch_eval_metrics  # compute_metrics per batch; evaluation then keeps nothing
@@ -1016,7 +1065,7 @@ class Trainer:
         if has_labels:
             labels = tuple(inputs[k].detach() for k in self.label_names)
             labels = labels[0] if len(labels) == 1 else labels
-        with torch.no_grad():
+        with torch.no_grad(), self.compute_loss_context_manager():
             if has_labels:
                 items = None  # the batch's own item count, as in training (a compute_loss_func divides by it)
                 if isinstance(inputs.get("labels"), torch.Tensor):

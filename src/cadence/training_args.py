@@ -189,22 +189,42 @@ class TrainingArguments:
     )
 
     # --- Precision ---
-    bf16: bool = field(default=False, metadata=_help("Train with bfloat16 autocast. Not built yet."))
-    fp16: bool = field(default=False, metadata=_help("Train with float16 autocast and loss scaling. Not built yet."))
+    bf16: bool = field(
+        default=False,
+        metadata=_help("Run forward and loss under bfloat16 autocast (weights stay float32); CPU or Ampere+ GPU."),
+    )
+    fp16: bool = field(
+        default=False,
+        metadata=_help(
+            "Run forward and loss under float16 autocast with loss scaling; steps with inf/NaN gradients are "
+            "skipped (the schedule does not advance) and logged as skipped_optimizer_steps."
+        ),
+    )
     bf16_full_eval: bool = field(
-        default=False, metadata=_help("Evaluate with the model cast to bfloat16. Not built yet.")
+        default=False,
+        metadata=_help("Evaluate outside train() with the model cast, in place, to bfloat16 (less memory)."),
     )
     fp16_full_eval: bool = field(
-        default=False, metadata=_help("Evaluate with the model cast to float16. Not built yet.")
+        default=False,
+        metadata=_help("Evaluate outside train() with the model cast, in place, to float16 (less memory)."),
     )
     tf32: bool | None = field(
-        default=None, metadata=_help("Turn TF32 matmuls on (True) or off (False) on Ampere+ GPUs. Not built yet.")
+        default=None,
+        metadata=_help(
+            "Turn TF32 matmuls on (True; needs a CUDA GPU of capability >= 8, else an error) or off (False; "
+            "nothing to do on a CPU). None leaves torch's setting."
+        ),
     )
 
     # --- Activation checkpointing ---
     activation_checkpointing: bool | None = field(
         default=None,
-        metadata=_help("Recompute activations in backward to save memory. Not built yet.", nargs="?", const=True),
+        metadata=_help(
+            "Recompute activations in backward to save memory: through the model's activation_checkpointing_enable"
+            "/gradient_checkpointing_enable, or the blocks a plain module lists in its checkpoint_modules attribute.",
+            nargs="?",
+            const=True,
+        ),
     )
     activation_checkpointing_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata=_help("Options for activation checkpointing, as a dict or JSON object string.")
@@ -222,12 +242,18 @@ class TrainingArguments:
     )
 
     # --- Compilation and kernels ---
-    torch_compile: bool = field(default=False, metadata=_help("Wrap the model in torch.compile. Not built yet."))
+    torch_compile: bool = field(
+        default=False,
+        metadata=_help(
+            "Compile the model in place (nn.Module.compile, dynamic shapes: one compilation however batches are "
+            "padded); state-dict keys and checkpoints stay those of the plain model."
+        ),
+    )
     torch_compile_backend: str | None = field(
-        default=None, metadata=_help("torch.compile backend; setting it implies torch_compile. Not built yet.")
+        default=None, metadata=_help("torch.compile backend (default inductor); setting it implies torch_compile.")
     )
     torch_compile_mode: str | None = field(
-        default=None, metadata=_help("torch.compile mode; setting it implies torch_compile. Not built yet.")
+        default=None, metadata=_help("torch.compile mode (e.g. 'reduce-overhead'); setting it implies torch_compile.")
     )
     use_liger_kernel: bool = field(default=False, metadata=_help("Patch the model with Liger kernels. Not built yet."))
     liger_kernel_config: dict[str, bool] | None = field(
@@ -239,7 +265,11 @@ class TrainingArguments:
         default=False, metadata=_help("Keep the model's key/value cache on during training (rarely needed).")
     )
     neftune_noise_alpha: float | None = field(
-        default=None, metadata=_help("Scale of NEFTune noise added to embeddings while training. Not built yet.")
+        default=None,
+        metadata=_help(
+            "NEFTune: add uniform noise of scale alpha/sqrt(seq_len*hidden) to the input embeddings in training "
+            "forwards only (needs model.get_input_embeddings()); removed when train() ends."
+        ),
     )
     torch_empty_cache_steps: int | None = field(
         default=None,
@@ -494,7 +524,11 @@ class TrainingArguments:
 
     # --- Debugging ---
     debug: str | list[str] = field(
-        default="", metadata=_help("HF debug features ('underflow_overflow', 'tpu_metrics_debug'). Not built yet.")
+        default="",
+        metadata=_help(
+            "Debug features, space-separated: 'underflow_overflow' stops training at the first module whose "
+            "forward produces inf/NaN and names it ('tpu_metrics_debug' is not built: cadence has no TPU support)."
+        ),
     )
     skip_memory_metrics: bool = field(
         default=True, metadata=_help("Do not add memory-usage numbers to the metrics (measuring them is slow).")
@@ -563,12 +597,14 @@ class TrainingArguments:
         _derive_eval_steps(self)
         _derive_best_model_metric(self)
         _derive_simple_defaults(self)
+        _derive_torch_compile(self)
         # 4. Single values.
         _check_value_rules(self)
         _check_choices(self)
         _check_step_intervals(self)
         # 5. Combinations.
         _check_one_precision(self)
+        _check_debug(self)
         _check_best_model_strategies(self)
         _check_scheduler_needs_eval(self)
         _check_prefetch_needs_workers(self)
@@ -800,6 +836,7 @@ _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     ),
     "eval_delay": (_at_least(0), ">= 0", "pass 0 to allow evaluation from the start"),
     "save_total_limit": (_at_least(1, True, True), "None or an integer >= 1", "pass None to keep every checkpoint"),
+    "neftune_noise_alpha": (_at_least(0, optional=True), "None or >= 0", "pass None to add no noise, or e.g. 5.0"),
     "torch_empty_cache_steps": (_at_least(1, True, True), "None or an integer >= 1", "pass None to never empty it"),
     "eval_accumulation_steps": (_at_least(1, True, True), "None or an integer >= 1", "pass None to keep all"),
     "dataloader_num_workers": (_at_least(0, integer=True), "an integer >= 0", "pass 0 to load in the main process"),
@@ -826,19 +863,7 @@ _STEP_INTERVALS = (
 # Features cadence does not have yet. "field" is refused when set to a truthy value other than its
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
 _NOT_YET_BUILT: dict[str, str] = {
-    "bf16": "mixed precision",
-    "fp16": "mixed precision",
-    "bf16_full_eval": "half-precision evaluation",
-    "fp16_full_eval": "half-precision evaluation",
-    "tf32": "TF32 control",
-    "tf32=False": "TF32 control",
-    "activation_checkpointing": "activation checkpointing (also spelled gradient_checkpointing)",
-    "gradient_checkpointing": "activation checkpointing (also spelled gradient_checkpointing)",
-    "torch_compile": "torch.compile",
-    "torch_compile_backend": "torch.compile",
-    "torch_compile_mode": "torch.compile",
     "use_liger_kernel": "Liger kernels",
-    "neftune_noise_alpha": "NEFTune",
     "eval_use_gather_object": "gathering non-tensor outputs",
     "push_to_hub": "pushing to the Hugging Face Hub",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
@@ -847,7 +872,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "fsdp": "FSDP",
     "fsdp_config": "FSDP",
     "deepspeed": "DeepSpeed",
-    "debug": "HF debug features",
     "optim_target_modules": "GaLore/APOLLO target modules",
 }
 
@@ -1018,6 +1042,14 @@ def _derive_simple_defaults(args: TrainingArguments) -> None:
         args.dataloader_pin_memory = False  # pinning only speeds up copies to a GPU
 
 
+def _derive_torch_compile(args: TrainingArguments) -> None:
+    # HF's rule: naming a backend or mode turns compilation on; the backend defaults to inductor.
+    if args.torch_compile_backend is not None or args.torch_compile_mode is not None:
+        args.torch_compile = True
+    if args.torch_compile and args.torch_compile_backend is None:
+        args.torch_compile_backend = "inductor"
+
+
 def _check_value_rules(args: TrainingArguments) -> None:
     for name, (is_valid, rule, fix) in _VALUE_RULES.items():
         value = getattr(args, name)
@@ -1058,6 +1090,15 @@ def _check_one_precision(args: TrainingArguments) -> None:
             raise ValueError(
                 f"{a}=True together with {b}=True is invalid: only one half-precision type can be used; keep one"
             )
+
+
+def _check_debug(args: TrainingArguments) -> None:
+    for name in args.debug:
+        if name == "tpu_metrics_debug":
+            raise ValueError(f"debug={args.debug!r}: 'tpu_metrics_debug' is not built in cadence yet (no TPU support); "
+                             "remove it")
+        if name != "underflow_overflow":
+            raise _invalid("debug", args.debug, "'underflow_overflow' (space-separated names)", f"remove {name!r}")
 
 
 def _check_best_model_strategies(args: TrainingArguments) -> None:
