@@ -44,3 +44,22 @@ def test_same_losses_and_weights_as_transformers(tmp_path):
     # and training moved the weights, so the comparison is not of two untouched models
     start = model.state_dict()
     assert max((start[n] - hf_weights[n]).abs().max().item() for n in start) > 1e-3
+
+
+@pytest.mark.parametrize("scheduler,kwargs", [("reduce_lr_on_plateau", {"patience": 0, "factor": 0.5}), ("greedy", {"patience": 1, "factor": 0.8})])
+def test_metric_schedulers_step_on_eval_like_transformers(tmp_path, scheduler, kwargs):
+    from tiny import RegressionDataset, RegressionModel
+
+    def lrs(lib, out):
+        args = lib.TrainingArguments(output_dir=out, max_steps=12, per_device_train_batch_size=8, learning_rate=0.5,
+                                     lr_scheduler_type=scheduler, lr_scheduler_kwargs=kwargs, eval_strategy="steps",
+                                     eval_steps=1, logging_steps=1, save_strategy="no", report_to="none",
+                                     disable_tqdm=True, seed=5, use_cpu=True, optim="sgd")
+        trainer = lib.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(64),
+                              eval_dataset=RegressionDataset(16, seed=9))
+        trainer.train()
+        return [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h]
+
+    ours, theirs = lrs(cadence, str(tmp_path / "c")), lrs(transformers, str(tmp_path / "h"))
+    assert ours == pytest.approx(theirs, rel=1e-9)
+    assert len(set(ours)) > 1  # the metric moved the learning rate

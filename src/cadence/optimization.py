@@ -707,6 +707,10 @@ class GreedyLR:
                 group["lr"] = lr
 
 
+# schedulers that step on an evaluation metric (the Trainer calls step(metric) after evaluating)
+METRIC_SCHEDULERS = (ReduceLROnPlateau, GreedyLR)
+
+
 def get_greedy_schedule(optimizer: Optimizer, **kwargs: Any) -> GreedyLR:
     """A ``GreedyLR`` (metric-driven lr); ``kwargs`` are its options.
 

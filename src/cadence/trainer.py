@@ -492,59 +492,17 @@ class Trainer:
 
         first_epoch = 0 if resume is None else resume.epoch
         for epoch in range(first_epoch, num_train_epochs):  # ---- epoch
-            resuming = resume is not None and epoch == first_epoch
-            skip = resume.skip_batches if resuming else 0  # batches the checkpoint had trained: never loaded
-            stream = batches_per_epoch is None
-            data.set_epoch(train_dataloader, epoch, 0 if stream else skip * args.train_batch_size)
-            if resuming and resume.stream_state is not None:  # the stream continues from its saved position
-                data.stateful_stream(train_dataloader).load_state_dict(resume.stream_state)
-            if resuming and not skip:  # saved between epochs: the RNGs continue from before this epoch's events
-                checkpoint.restore_rng_state(resume.rng)
-            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
-            batches = iter(train_dataloader)
-            if resuming and skip:  # saved inside the epoch, after its iterator drew the workers' seed
-                if stream:  # a stream without state_dict(): its trained batches can only be read again
-                    data.skip_stream(batches, skip)
-                checkpoint.restore_rng_state(resume.rng)
-            micro_done = skip
-            while True:  # ---- optimizer step: the next `ga` micro-batches
+            batches, micro_done = self._begin_epoch(train_dataloader, epoch, resume if epoch == first_epoch else None)
+            while True:  # ---- optimizer step: the next `ga` batches
                 window = [b for _, b in zip(range(ga), batches)]
                 if not window:
                     break
                 micro_done += len(window)
-                items = None
-                if count_items or split > 1:
-                    items = loss_utils.window_items(window, self._shifts_labels)
-                    items = None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
+                items = self._window_items(window) if count_items or split > 1 else None
                 running.count(window, self.floating_point_ops)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                while True:  # auto_find_batch_size redoes a step that ran out of memory in smaller micro-batches
-                    micro_batches = data.split_batches(window, split)
-                    self.current_gradient_accumulation_steps = len(micro_batches)
-                    try:
-                        step_losses = []
-                        for i, inputs in enumerate(micro_batches):  # ---- micro-batch: forward + backward
-                            last = i == len(micro_batches) - 1
-                            with contextlib.nullcontext() if last else self.backend.no_sync(model):
-                                step_losses.append(self.training_step(model, inputs, items))
-                            if not last:
-                                self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
-                        break
-                    except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
-                        split, items = self._shrink_train_batch(error, model, window, split, items)
-                for loss in step_losses:
-                    running.add(loss)
-                # ---- clip, step, schedule
-                if args.max_grad_norm:
-                    grad_norm = self.backend.clip_grad_norm(model.parameters(), args.max_grad_norm, self.optimizer)
-                self.control = self.callback_handler.on_pre_optimizer_step(args, self.state, self.control)
-                stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
-                self.control = self.callback_handler.on_optimizer_step(args, self.state, self.control)
-                learning_rate = self.optimizer.param_groups[0]["lr"]
-                running.skipped += not stepped
-                if stepped and not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                    self.lr_scheduler.step()
-                model.zero_grad(set_to_none=True)
+                split, items = self._forward_backward(model, window, items, split, running)  # ---- micro-batches
+                grad_norm, learning_rate = self._optimizer_step(model, running, grad_norm)  # ---- clip, step, schedule
                 self.state.global_step += 1
                 if args.torch_empty_cache_steps and self.state.global_step % args.torch_empty_cache_steps == 0:
                     self.backend.empty_cache()
@@ -564,6 +522,67 @@ class Trainer:
                 break
 
         return self._finish_training(running, start_time)
+
+    def _begin_epoch(self, train_dataloader: DataLoader, epoch: int, resume: checkpoint.ResumePoint | None):
+        """Order the epoch's data (after a resume: without the batches already trained), fire
+        ``on_epoch_begin`` and return ``(batch iterator, batches already trained in this epoch)``."""
+        skip = resume.skip_batches if resume is not None else 0  # trained batches: never loaded again
+        stream = not has_length(train_dataloader)
+        data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size)
+        if resume is not None and resume.stream_state is not None:  # the stream continues from its saved position
+            data.stateful_stream(train_dataloader).load_state_dict(resume.stream_state)
+        if resume is not None and not skip:  # saved between epochs: the RNGs continue from before this epoch's events
+            checkpoint.restore_rng_state(resume.rng)
+        self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)
+        batches = iter(train_dataloader)
+        if resume is not None and skip:  # saved inside the epoch, after its iterator drew the workers' seed
+            if stream:  # a stream without state_dict(): its trained batches can only be read again
+                data.skip_stream(batches, skip)
+            checkpoint.restore_rng_state(resume.rng)
+        return batches, skip
+
+    def _window_items(self, window: list) -> torch.Tensor | None:
+        """Items of one optimizer step over all processes (None when the batches carry no labels)."""
+        items = loss_utils.window_items(window, self._shifts_labels)
+        return None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
+
+    def _forward_backward(self, model: nn.Module, window: list, items, split: int, running: _RunningLoss):
+        """Forward and backward of a step's micro-batches, gradients synced on the last only.
+
+        With ``auto_find_batch_size``, a step that runs out of memory is redone from zeroed gradients
+        in smaller micro-batches (``split`` per loaded batch). Returns the new ``(split, items)``.
+        """
+        while True:
+            micro_batches = data.split_batches(window, split)
+            self.current_gradient_accumulation_steps = len(micro_batches)
+            try:
+                step_losses = []
+                for i, inputs in enumerate(micro_batches):
+                    last = i == len(micro_batches) - 1
+                    with contextlib.nullcontext() if last else self.backend.no_sync(model):
+                        step_losses.append(self.training_step(model, inputs, items))
+                    if not last:
+                        self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
+                break
+            except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
+                split, items = self._shrink_train_batch(error, model, window, split, items)
+        for loss in step_losses:
+            running.add(loss)
+        return split, items
+
+    def _optimizer_step(self, model: nn.Module, running: _RunningLoss, grad_norm):
+        """Clip, step (fp16 loss scaling may skip it), schedule, zero; returns ``(grad_norm, lr used)``."""
+        if self.args.max_grad_norm:
+            grad_norm = self.backend.clip_grad_norm(model.parameters(), self.args.max_grad_norm, self.optimizer)
+        self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
+        stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
+        self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
+        learning_rate = self.optimizer.param_groups[0]["lr"]
+        running.skipped += not stepped
+        if stepped and not isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):  # those step on eval metrics
+            self.lr_scheduler.step()
+        model.zero_grad(set_to_none=True)
+        return grad_norm, learning_rate
 
     def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, split: int, items):
         """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free
@@ -818,7 +837,7 @@ class Trainer:
             self.log(logs, start_time)
         if self.control.should_evaluate:
             metrics = self._evaluate(ignore_keys_for_eval)
-            if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            if isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):
                 name = self.args.metric_for_best_model or "loss"
                 self.lr_scheduler.step(metrics[name if name.startswith("eval_") else f"eval_{name}"])
             is_new_best = self._determine_best_metric(metrics)

@@ -276,6 +276,70 @@ def speed_metrics(
     return result
 
 
+# Dense (no 2:4 sparsity) bf16 tensor-core peak FLOP/s per GPU, from NVIDIA's datasheets; fp16 where
+# the GPU has no bf16 (V100, T4). Keys are matched as whole words against the lower-cased
+# `torch.cuda.get_device_name()` with "-" read as " ", longest key first, so "h100 nvl" wins over "h100"
+# and "a10g" never matches "a100". A bare "h100"/"h200"/"v100" is the SXM part.
+_PEAK_DENSE_BF16_FLOPS: dict[str, float] = {
+    "b200": 2250e12,
+    "h200 nvl": 835.5e12,
+    "h200": 989.4e12,
+    "h100 nvl": 835.5e12,
+    "h100 pcie": 756.5e12,
+    "h100": 989.4e12,
+    "h800": 989.4e12,
+    "a100": 312e12,
+    "a800": 312e12,
+    "l40s": 362.05e12,
+    "l40": 181.05e12,
+    "l4": 121e12,
+    "a40": 149.7e12,
+    "rtx a6000": 154.8e12,
+    "a10g": 70e12,  # AWS-only part with no NVIDIA datasheet; the figure commonly quoted for it
+    "a10": 125e12,
+    "rtx 4090": 165.2e12,  # with fp32 accumulation, as autocast uses
+    "v100s": 130e12,
+    "v100 pcie": 112e12,
+    "v100": 125e12,
+    "t4": 65e12,
+}
+
+
+def _peak_flops(device_name: str) -> float | None:
+    """The table's peak for a CUDA device name, or None when no key matches."""
+    name = device_name.lower().replace("-", " ")
+    for key in sorted(_PEAK_DENSE_BF16_FLOPS, key=len, reverse=True):
+        if re.search(rf"\b{re.escape(key)}\b", name):
+            return _PEAK_DENSE_BF16_FLOPS[key]
+    return None
+
+
+def estimate_mfu(total_flos: float, seconds: float, device: Any, world_size: int = 1) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s per device over the device's dense bf16 peak.
+
+    Args:
+        total_flos: floating-point operations of the run summed over all processes (`state.total_flos`).
+        seconds: wall time the operations took.
+        device: the `torch.device` (or string) the run used.
+        world_size: number of processes that shared `total_flos`.
+
+    Returns:
+        A fraction (0.4 means 40 % of peak), or None on a non-CUDA device, an unknown GPU, or no time.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or seconds <= 0:
+        return None
+    try:
+        name = torch.cuda.get_device_name(device)
+    except (RuntimeError, AssertionError):  # no CUDA runtime behind a "cuda" device
+        return None
+    peak = _peak_flops(name)
+    if peak is None:
+        logger.debug("No peak FLOP/s known for %r; no MFU", name)
+        return None
+    return total_flos / max(1, world_size) / seconds / peak
+
+
 def has_length(dataset: Any) -> bool:
     """Whether `len(dataset)` works (iterable datasets and some wrappers raise instead)."""
     try:
@@ -399,6 +463,7 @@ __all__ = [
     "TrainOutput",
     "denumpify_detensorize",
     "enable_full_determinism",
+    "estimate_mfu",
     "find_executable_batch_size",
     "get_last_checkpoint",
     "has_length",
