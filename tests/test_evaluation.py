@@ -267,3 +267,22 @@ def test_eval_batch_sampler_gives_whole_batches_in_dataset_order():
     gathered = [i for k in range(2) for s in ranks if not s.is_padding(k) for i in list(s)[k]]
     assert gathered == list(range(7))
     assert list(EvalBatchSampler(7, 3, drop_last=True)) == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_iterable_eval_on_several_processes_is_refused(tmp_path, monkeypatch):
+    """Its padded last batch could not be told from real rows: a clear error instead of double-counted metrics."""
+    from torch.utils.data import IterableDataset
+
+    from cadence import Trainer, TrainingArguments
+    from tiny import RegressionDataset, RegressionModel
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            ds = RegressionDataset(8)
+            return (ds[i] for i in range(len(ds)))
+
+    trainer = Trainer(RegressionModel(), TrainingArguments(str(tmp_path), disable_tqdm=True))
+    assert "eval_loss" in trainer.evaluate(Stream())  # one process: fine
+    monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: 2))
+    with pytest.raises(ValueError, match="iterable dataset with 2 processes is not supported"):
+        trainer.evaluate(Stream())

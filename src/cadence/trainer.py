@@ -319,6 +319,12 @@ class Trainer:
                           prefetch_factor=args.dataloader_prefetch_factor,
                           multiprocessing_context=args.dataloader_multiprocessing_context,
                           in_order=args.dataloader_in_order)
+        if evaluation and data.is_iterable_dataset(dataset) and args.world_size > 1:
+            raise ValueError(
+                f"{description or 'evaluation'} on an iterable dataset with {args.world_size} processes is not supported: "
+                "its last, padded batch cannot be told from real rows, so metrics would count some rows twice; "
+                "pass a map-style dataset (with __len__) or evaluate on one process"
+            )
         if data.is_iterable_dataset(dataset) and args.world_size > 1:  # each process its share of a stream
             dataset = data.IterableShard(dataset, batch_size, args.process_index, args.world_size, args.dataloader_drop_last)
         if evaluation and not data.is_iterable_dataset(dataset):  # dataset order over processes, padding marked
