@@ -10,7 +10,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_resume import DropoutTagger, StopAt, make_args  # noqa: E402
+from test_resume import DropoutTagger, make_args  # noqa: E402
+from tiny import stop_at  # noqa: E402
 from tiny import TokenDataset, pad_collate  # noqa: E402
 
 from cadence import Trainer, TrainerCallback  # noqa: E402
@@ -30,7 +31,7 @@ def main(out: str) -> None:
     stop = int(sys.argv[sys.argv.index("--stop") + 1]) if "--stop" in sys.argv else None
     term = int(sys.argv[sys.argv.index("--sigterm-rank0") + 1]) if "--sigterm-rank0" in sys.argv else None
     args = make_args(out, save_steps=stop or 500, num_train_epochs=2, use_cpu=True, enable_jit_checkpoint=bool(term))
-    callbacks = [StopAt(stop)] if stop else []
+    callbacks = [stop_at(stop)] if stop else []
     callbacks += [SigtermRank0(term)] if term else []
     trainer = Trainer(DropoutTagger(), args, train_dataset=TokenDataset(22), data_collator=pad_collate,
                       callbacks=callbacks)

@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from tiny import RegressionDataset, RegressionModel, TokenDataset, TokenTagger, pad_collate
+from tiny import RegressionDataset, RegressionModel, TokenDataset, TokenTagger, pad_collate, stop_at
 from torch import nn
 
 from cadence import EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
@@ -44,15 +44,6 @@ class CountingDataset(TokenDataset):
         return super().__getitem__(i)
 
 
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 def make_args(out_dir, **kw):
     base = dict(output_dir=out_dir, disable_tqdm=True, report_to="none", per_device_train_batch_size=2,
                 gradient_accumulation_steps=2, num_train_epochs=3, learning_rate=0.05, logging_steps=4,
@@ -64,7 +55,7 @@ def make_args(out_dir, **kw):
 def train(out_dir, stop=None, resume=None, dataset=None, callbacks=(), **kw):
     trainer = Trainer(DropoutTagger(), make_args(out_dir, **kw), train_dataset=dataset or TokenDataset(22),
                       eval_dataset=TokenDataset(6, seed=3), data_collator=pad_collate,
-                      callbacks=[*callbacks, *([StopAt(stop)] if stop else [])])
+                      callbacks=[*callbacks, *([stop_at(stop)] if stop else [])])
     out = trainer.train(resume_from_checkpoint=resume)
     return trainer, out
 
@@ -268,7 +259,7 @@ def test_regression_resume_without_accumulation(tmp_path):
         args = TrainingArguments(output_dir=out, disable_tqdm=True, report_to="none", num_train_epochs=2,
                                  per_device_train_batch_size=4, save_steps=3, learning_rate=0.1)
         t = Trainer(RegressionModel(), args, train_dataset=RegressionDataset(20),
-                    callbacks=[StopAt(stop)] if stop else [])
+                    callbacks=[stop_at(stop)] if stop else [])
         t.train(resume_from_checkpoint=resume)
         return t.model
 
@@ -315,7 +306,7 @@ def test_iterable_dataset_resume_with_ignore_data_skip_restarts_the_stream(tmp_p
     def run(out, **kw):
         args = TrainingArguments(output_dir=out, disable_tqdm=True, report_to="none", max_steps=6, save_steps=3,
                                  per_device_train_batch_size=4, **kw)
-        trainer = Trainer(RegressionModel(), args, train_dataset=Stream(), callbacks=[StopAt(3)])
+        trainer = Trainer(RegressionModel(), args, train_dataset=Stream(), callbacks=[stop_at(3)])
         return trainer, trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-3") if kw else None)
 
     out = str(tmp_path / "run")

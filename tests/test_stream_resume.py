@@ -5,10 +5,10 @@ import logging
 
 import pytest
 import torch
-from tiny import RegressionDataset, RegressionModel
+from tiny import RegressionDataset, RegressionModel, stop_at
 from torch.utils.data import IterableDataset
 
-from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence import Trainer, TrainingArguments
 
 ROWS = RegressionDataset(64)
 
@@ -47,19 +47,10 @@ class StatefulStream(Stream):
         self.position = state["position"]
 
 
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 def run(out_dir, stream, stop=None, resume=None):
     args = TrainingArguments(output_dir=out_dir, max_steps=12, per_device_train_batch_size=4, gradient_accumulation_steps=2,
                              learning_rate=0.05, logging_steps=1, save_steps=5, disable_tqdm=True, seed=3)
-    trainer = Trainer(RegressionModel(), args, train_dataset=stream, callbacks=[StopAt(stop)] if stop else None)
+    trainer = Trainer(RegressionModel(), args, train_dataset=stream, callbacks=[stop_at(stop)] if stop else None)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 

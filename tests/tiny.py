@@ -195,3 +195,15 @@ class ClassifierModel(nn.Module):
         if labels is None:
             return {"logits": logits}
         return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def stop_at(step: int):
+    """A cadence callback that stops training after optimizer step ``step`` (a simulated interruption)."""
+    from cadence import TrainerCallback
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                control.should_training_stop = True
+
+    return StopAt()
