@@ -43,3 +43,42 @@ def test_ga_differs_from_naive_mean_of_means(tmp_path):
     true_mean = model(**full)["loss"]
     mean_of_means = torch.stack([model(**h)["loss"] for h in halves]).mean()
     assert abs(true_mean - mean_of_means) > 1e-3
+
+
+class MeanLossTrainer(Trainer):
+    """A subclass whose compute_loss returns its batch's mean, as many users write it."""
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        outputs = model(inputs["input_ids"])
+        labels = inputs["labels"]
+        loss = torch.nn.functional.cross_entropy(outputs["logits"].flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return (loss, outputs) if return_outputs else loss
+
+
+class SumLossTrainer(Trainer):
+    """A subclass that takes num_items_in_batch and divides by it (HF's contract)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(inputs["input_ids"])
+        logits, labels = outputs["logits"].flatten(0, 1), inputs["labels"].flatten()
+        if num_items_in_batch is None:
+            loss = torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100)
+        else:
+            loss = torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / num_items_in_batch
+        return (loss, outputs) if return_outputs else loss
+
+
+@pytest.mark.parametrize("trainer_cls", [MeanLossTrainer, SumLossTrainer])
+def test_overridden_compute_loss_is_not_scaled_twice(trainer_cls, tmp_path):
+    """A custom compute_loss (with or without num_items_in_batch) accumulates exactly too."""
+    def run(batch, ga, out):
+        model = TokenTaggerWithItems(dtype=torch.float64)  # its forward takes num_items_in_batch: the trap
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, gradient_accumulation_steps=ga,
+                                 num_train_epochs=1, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
+                                 save_strategy="no", disable_tqdm=True, seed=7)
+        trainer_cls(model, args, train_dataset=TokenDataset(40), data_collator=pad_collate).train()
+        return model.state_dict()
+
+    big, acc = run(8, 1, str(tmp_path / "a")), run(2, 4, str(tmp_path / "b"))
+    for name in big:
+        assert torch.allclose(big[name], acc[name], atol=1e-12, rtol=0), name

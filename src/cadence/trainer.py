@@ -184,6 +184,11 @@ class Trainer:
         self._shifts_labels = data.loss_shifts_labels(model)
         self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
         self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        # True/False: whether compute_loss divides by num_items_in_batch itself (HF's attribute for subclasses);
+        # None: decided per step from the model, compute_loss_func, label smoothing and compute_loss's signature
+        self.loss_is_scaled_for_ga: bool | None = None
+        params = inspect.signature(self.compute_loss).parameters  # a subclass's override may not take the count
+        self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
         self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
 
         default_callbacks = [DefaultFlowCallback, *(callbacks or [])]
@@ -709,10 +714,9 @@ class Trainer:
         """
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
-        normalised = num_items_in_batch is not None and (
-            self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
-        )
+            count = {"num_items_in_batch": num_items_in_batch} if self._compute_loss_takes_items else {}
+            loss = self.compute_loss(model, inputs, **count)
+        normalised = num_items_in_batch is not None and self._loss_is_normalised()
         weight = loss_utils.micro_batch_weight(
             inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
         )
@@ -724,6 +728,16 @@ class Trainer:
             loss = loss * weight
         self.backend.backward(loss)
         return loss.detach()
+
+    def _loss_is_normalised(self) -> bool:
+        """Whether ``compute_loss`` returns the step-normalised sum (divided by ``num_items_in_batch``)
+        rather than its batch's mean. An overridden ``compute_loss`` that has no ``num_items_in_batch``
+        parameter cannot normalise, so its mean is weighted by the batch's share of the step's items."""
+        if self.loss_is_scaled_for_ga is not None:
+            return self.loss_is_scaled_for_ga
+        if not self._compute_loss_takes_items:
+            return False
+        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
 
     def compute_loss_context_manager(self):
         """The context of forward and loss: autocast with ``bf16``/``fp16`` (HF's name, for subclasses)."""
@@ -1095,7 +1109,8 @@ class Trainer:
                 items = None  # the batch's own item count, as in training (a compute_loss_func divides by it)
                 if isinstance(inputs.get("labels"), torch.Tensor):
                     items = data.count_items(inputs["labels"], self._shifts_labels)
-                loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=items)
+                count = {"num_items_in_batch": items} if self._compute_loss_takes_items else {}
+                loss, outputs = self.compute_loss(model, inputs, return_outputs=True, **count)
                 loss = loss.detach().mean()
                 skip = {"loss", *ignore_keys}
             else:
