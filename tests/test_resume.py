@@ -87,6 +87,7 @@ def assert_same_run(a, b):
     (5, {"gradient_accumulation_steps": 1}),     # no accumulation
     (13, {"max_grad_norm": 0.0, "lr_scheduler_type": "cosine", "warmup_steps": 3}),
     (5, {"fp16": True}),                         # the loss scale (scaler.pt) is restored too
+    (4, {"group_by_length": True}),              # the length-grouped sampler skips in the sampler too
 ])
 def test_resume_is_bit_identical(tmp_path, stop, kw):
     kw = {"eval_strategy": "epoch", **kw}

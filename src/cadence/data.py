@@ -69,12 +69,14 @@ class EpochSampler(Sampler[int]):
     def __len__(self) -> int:
         return max(self._share() - self.skip, 0)
 
+    def _order(self) -> list[int]:
+        """The epoch's order of the whole dataset (subclasses draw it differently)."""
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        return torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.num_samples, generator=generator).tolist()
-        else:
-            order = list(range(self.num_samples))
+        order = self._order()
         padding = self._share() * self.world_size - self.num_samples
         order += order[:padding]  # equal shares, so no process waits at a collective for another
         return iter(order[self.rank :: self.world_size][self.skip :])
@@ -147,7 +149,7 @@ def length_grouped_indices(lengths: list[int], batch_size: int, mega_batch_mult:
     return [i for megabatch in megabatches for i in megabatch]
 
 
-class LengthGroupedSampler(Sampler[int]):
+class LengthGroupedSampler(EpochSampler):
     """Samples grouped by length (less padding), still shuffled; deterministic per seed and epoch.
 
     HF's arguments, plus ``seed``/``rank``/``world_size``. Without a ``generator`` the order of epoch
@@ -178,24 +180,12 @@ class LengthGroupedSampler(Sampler[int]):
                 raise ValueError("LengthGroupedSampler needs lengths=... or a dataset to measure")
             lengths = sample_lengths(dataset, model_input_name or "input_ids")
         self.lengths = lengths.tolist() if isinstance(lengths, (torch.Tensor, np.ndarray)) else list(lengths)
-        self.batch_size, self.generator, self.seed = batch_size, generator, seed
-        self.rank, self.world_size, self.epoch, self.skip = rank, world_size, 0, 0
+        super().__init__(len(self.lengths), shuffle=True, seed=seed, rank=rank, world_size=world_size)
+        self.batch_size, self.generator = batch_size, generator
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        """Draw epoch ``epoch``'s order; leave out the first ``skip`` indices of this process's share."""
-        self.epoch, self.skip = epoch, skip
-
-    def _share(self) -> int:
-        return -(-len(self.lengths) // self.world_size)
-
-    def __len__(self) -> int:
-        return max(self._share() - self.skip, 0)
-
-    def __iter__(self) -> Iterator[int]:
+    def _order(self) -> list[int]:
         generator = self.generator if self.generator is not None else torch.Generator().manual_seed(self.seed + self.epoch)
-        order = length_grouped_indices(self.lengths, self.batch_size, generator=generator)
-        order += order[: self._share() * self.world_size - len(order)]  # equal shares for every process
-        return iter(order[self.rank :: self.world_size][self.skip :])
+        return length_grouped_indices(self.lengths, self.batch_size, generator=generator)
 
 
 def sample_lengths(dataset: Any, key: str, length_column: str | None = None) -> list[int]:
@@ -232,12 +222,12 @@ def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0) -> None:
     them out, so no batch is loaded to be thrown away.
     """
     sampler = getattr(dataloader, "sampler", None)
-    if skip and not isinstance(sampler, (EpochSampler, LengthGroupedSampler)):
+    if skip and not isinstance(sampler, EpochSampler):
         raise ValueError(
             f"cannot resume inside an epoch with a {type(sampler).__name__}: it cannot skip the trained samples; "
             "set ignore_data_skip=True to restart the epoch from its first batch"
         )
-    if isinstance(sampler, (EpochSampler, LengthGroupedSampler)):
+    if isinstance(sampler, EpochSampler):  # and LengthGroupedSampler, its subclass
         sampler.set_epoch(epoch, skip)
     elif callable(getattr(sampler, "set_epoch", None)):
         sampler.set_epoch(epoch)
