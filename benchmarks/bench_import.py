@@ -90,6 +90,29 @@ def table(times: dict[str, list[float]], base: str) -> str:
     return common.format_table(["command (fresh process)", "median s", f"vs {base}", "spread %", "target"], rows)
 
 
+def checks(times: dict[str, list[float]]) -> list[tuple[str, str, str, str]]:
+    """The start-up promises, for ``run_all``'s summary.
+
+    Returns:
+        ``(row, promise, measured, "PASS"/"MISS")``: the imports within torch + 0.3 s, and cadence's
+        import and first step faster than transformers'.
+    """
+    med = {k: common.median(v) for k, v in times.items() if v}
+    out = []
+    torch_s = med.get("import torch")
+    for label in ("import cadence", "from cadence import Trainer"):
+        if label in med and torch_s is not None:
+            d = med[label] - torch_s
+            out.append((label, f"<= import torch + {IMPORT_LIMIT_S:.1f} s", f"{d:+.3f} s",
+                        "PASS" if d <= IMPORT_LIMIT_S else "MISS"))
+    for ours, theirs in (("from cadence import Trainer", "from transformers import Trainer"),
+                         ("first step: cadence", "first step: hf")):
+        if ours in med and theirs in med:
+            out.append((ours, "faster than HF", f"{med[ours]:.3f} vs {med[theirs]:.3f} s",
+                        "PASS" if med[ours] < med[theirs] else "MISS"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Parse flags, run, print the tables. Returns the raw times."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

