@@ -83,3 +83,30 @@ def test_cuda_device_without_a_runtime_gives_none(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_name", no_cuda)
     assert estimate_mfu(1e15, 1.0, "cuda") is None
+
+
+def test_train_metrics_carry_mfu_only_where_the_peak_is_known(tmp_path, monkeypatch):
+    """On the CPU there is no train_mfu; on a device whose peak is known it is flops / time / peak."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from tiny import RegressionDataset, RegressionModel
+
+    from cadence import Trainer, TrainingArguments
+    from cadence import trainer as trainer_module
+
+    def train():
+        args = TrainingArguments(str(tmp_path), max_steps=3, disable_tqdm=True, save_strategy="no")
+        return Trainer(RegressionModel(), args, train_dataset=RegressionDataset(16)).train().metrics
+
+    assert "train_mfu" not in train()
+    seen = {}
+
+    def fake(flos, seconds, device, world_size=1):
+        seen.update(flos=flos, seconds=seconds, world_size=world_size)
+        return 0.25
+
+    monkeypatch.setattr(trainer_module, "estimate_mfu", fake)
+    metrics = train()
+    assert metrics["train_mfu"] == 0.25
+    assert seen == {"flos": metrics["total_flos"], "seconds": metrics["train_runtime"], "world_size": 1}

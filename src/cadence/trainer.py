@@ -43,6 +43,7 @@ from .trainer_utils import (
     PredictionOutput,
     TrainOutput,
     enable_full_determinism,
+    estimate_mfu,
     has_length,
     seed_worker,
     set_seed,
@@ -693,6 +694,10 @@ class Trainer:
         metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps,
                                 num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
         metrics["total_flos"] = self.state.total_flos
+        mfu = estimate_mfu(self.state.total_flos - self._initial_total_flos, metrics["train_runtime"],
+                           self.backend.device, self.args.world_size)
+        if mfu is not None:  # on GPUs of known peak only
+            metrics["train_mfu"] = mfu
         metrics["train_loss"] = train_loss
         skipped = running.skipped_total + running.skipped
         if skipped:
