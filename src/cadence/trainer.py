@@ -497,6 +497,7 @@ class Trainer:
         learning_rate = 0.0
         start_time = time.time()
         model.zero_grad(set_to_none=True)
+        self._params = list(model.parameters())  # read once, used every step (frozen ones have no grad)
         model.train()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start:
@@ -584,8 +585,9 @@ class Trainer:
 
     def _optimizer_step(self, model: nn.Module, running: _RunningLoss, grad_norm):
         """Clip, step (fp16 loss scaling may skip it), schedule, zero; returns ``(grad_norm, lr used)``."""
+        params = self._params
         if self.args.max_grad_norm:
-            grad_norm = self.backend.clip_grad_norm(model.parameters(), self.args.max_grad_norm, self.optimizer)
+            grad_norm = self.backend.clip_grad_norm(params, self.args.max_grad_norm, self.optimizer)
         self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
         stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
         self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
@@ -593,7 +595,8 @@ class Trainer:
         running.skipped += not stepped
         if stepped and not isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):  # those step on eval metrics
             self.lr_scheduler.step()
-        model.zero_grad(set_to_none=True)
+        for p in params:  # model.zero_grad(set_to_none=True), without walking the module tree every step
+            p.grad = None
         return grad_norm, learning_rate
 
     def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, split: int, items):
