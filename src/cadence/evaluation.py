@@ -147,10 +147,13 @@ class Collector:
         concat: concatenate the batches (padding dim 1 with -100); False keeps a list of batches.
     """
 
-    def __init__(self, accumulation_steps: int | None, concat: bool = True):
+    def __init__(self, accumulation_steps: int | None, concat: bool = True, rows: int | None = None):
         self.every, self.concat = accumulation_steps or 1, concat
         self.device_steps: list[dict[str, Any]] = []
         self.host: dict[str, list] = {}
+        # with the row count known, a plain tensor field is written straight into one host buffer
+        # (one copy of the predictions, not per-batch pieces plus their concatenation)
+        self.rows, self.buffers = (rows if concat else None), {}
         self.max_device_steps = 0  # the most steps ever held on the device (reported by the memory test)
 
     def add(self, step_outputs: dict[str, Any]) -> None:
@@ -162,14 +165,32 @@ class Collector:
     def _to_host(self) -> None:
         for step in self.device_steps:
             for name, value in step.items():
-                if value is not None:
+                if value is not None and not self._into_buffer(name, value):
                     self.host.setdefault(name, []).append(_map(_to_numpy, value))
         self.device_steps.clear()
+
+    def _into_buffer(self, name: str, value: Any) -> bool:
+        """Copy a tensor's rows into the field's buffer; False (buffer given up) when it does not fit."""
+        if self.rows is None or not torch.is_tensor(value) or value.dim() == 0 or name in self.host:
+            return False
+        if name not in self.buffers:
+            dtype = torch.float32 if value.dtype == torch.bfloat16 else value.dtype  # numpy has no bfloat16
+            self.buffers[name] = [torch.empty((self.rows, *value.shape[1:]), dtype=dtype), 0]
+        buffer, filled = self.buffers[name]
+        if value.shape[1:] != buffer.shape[1:] or filled + value.shape[0] > self.rows:  # e.g. a wider batch
+            self.host[name] = [buffer[:filled].numpy()]  # what was written continues as the first piece
+            del self.buffers[name]
+            return False
+        buffer[filled : filled + value.shape[0]].copy_(value.detach())
+        self.buffers[name][1] = filled + value.shape[0]
+        return True
 
     def result(self) -> dict[str, Any]:
         """Each field as one array (or nested arrays), or a list of per-step arrays without ``concat``."""
         self._to_host()
-        return {name: (_concat_all(chunks) if self.concat else chunks) for name, chunks in self.host.items()}
+        out = {name: buffer[:filled].numpy() for name, (buffer, filled) in self.buffers.items()}
+        out.update({name: (_concat_all(chunks) if self.concat else chunks) for name, chunks in self.host.items()})
+        return out
 
 
 class ItemMean:

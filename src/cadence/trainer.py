@@ -1044,7 +1044,8 @@ class Trainer:
         keep = not per_batch or description == "Prediction"  # predict() returns the predictions regardless
         is_padding = evaluation.padding_marker(dataloader)
         gather = evaluation.Gatherer(self.backend)
-        collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches)
+        rows = len(dataloader.dataset) if isinstance(dataloader.batch_sampler, data.EvalBatchSampler) else None
+        collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches, rows)
         loss_mean = evaluation.ItemMean(self.backend.device)
         metrics: dict[str, float] | None = None
         observed = 0
