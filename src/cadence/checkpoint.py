@@ -45,7 +45,6 @@ import logging
 import os
 import pickle
 import random
-import re
 import shutil
 import signal
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ import numpy as np
 import torch
 
 from .trainer_callback import TrainerCallback
+from .trainer_utils import CHECKPOINT_DIR_RE, sorted_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,6 @@ TRAINING_ARGS_JSON = "training_args.json"
 RNG_STATE_NAME = "rng_state.pth"
 LOOP_STATE_NAME = "loop_state.json"
 STREAM_STATE_NAME = "stream_state.pt"  # an iterable dataset's own state_dict(), when it has one
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
 def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, processing_class: Any = None) -> None:
@@ -182,13 +181,13 @@ def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
     deleted = []
     for old in output_dir.glob("old-checkpoint-*"):
         final = output_dir / old.name[len("old-"):]
-        if _CHECKPOINT_RE.match(final.name) and not final.exists():
+        if CHECKPOINT_DIR_RE.match(final.name) and not final.exists():
             os.replace(old, final)
         else:
             shutil.rmtree(old, ignore_errors=True)
             deleted.append(old)
     for tmp in output_dir.glob("tmp-checkpoint-*"):
-        if _CHECKPOINT_RE.match(tmp.name[len("tmp-"):]) and tmp.is_dir():
+        if CHECKPOINT_DIR_RE.match(tmp.name[len("tmp-"):]) and tmp.is_dir():
             logger.info("removing incomplete checkpoint %s (a save was interrupted)", tmp)
             shutil.rmtree(tmp, ignore_errors=True)
             deleted.append(tmp)
@@ -197,16 +196,6 @@ def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
 
 def save_json(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-def sorted_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """``checkpoint-N`` folders of ``output_dir`` (complete ones only), oldest first."""
-    found = []
-    for path in Path(output_dir).glob("checkpoint-*"):
-        match = _CHECKPOINT_RE.match(path.name)
-        if match and path.is_dir() and (path / TRAINER_STATE_NAME).exists():
-            found.append((int(match.group(1)), path))
-    return [p for _, p in sorted(found)]
 
 
 def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: str | None, just_written: Path) -> list[Path]:

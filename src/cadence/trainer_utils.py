@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Callable
 from enum import Enum
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -152,7 +153,7 @@ class TrainOutput(NamedTuple):
 # --------------------------------------------------------------------------------------------
 PREFIX_CHECKPOINT_DIR = "checkpoint"
 # Anchored at both ends: "tmp-checkpoint-7" (a checkpoint being written) must never match.
-_CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+CHECKPOINT_DIR_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 # The checkpoint writer renames a temp folder into place only once it is complete, and this file is
 # in every complete checkpoint, so its presence is what "complete" means here.
 _COMPLETE_MARKER = "trainer_state.json"
@@ -171,13 +172,23 @@ def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
         >>> get_last_checkpoint("out")  # doctest: +SKIP
         'out/checkpoint-1500'
     """
+    found = sorted_checkpoints(folder)
+    return os.path.join(folder, found[-1].name) if found else None
+
+
+def sorted_checkpoints(folder: str | os.PathLike) -> list[Path]:
+    """The complete ``checkpoint-N`` folders inside ``folder``, lowest N first.
+
+    Raises:
+        FileNotFoundError: when ``folder`` does not exist.
+    """
     steps = {}
     for name in os.listdir(folder):
-        match = _CHECKPOINT_RE.match(name)
-        path = os.path.join(folder, name)
-        if match and os.path.isfile(os.path.join(path, _COMPLETE_MARKER)):
+        match = CHECKPOINT_DIR_RE.match(name)
+        path = Path(folder) / name
+        if match and (path / _COMPLETE_MARKER).is_file():
             steps[int(match.group(1))] = path
-    return steps[max(steps)] if steps else None
+    return [steps[step] for step in sorted(steps)]
 
 
 # --------------------------------------------------------------------------------------------
