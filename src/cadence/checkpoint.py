@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import random
 import shutil
 import signal
