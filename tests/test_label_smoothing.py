@@ -25,6 +25,14 @@ def first_step_loss(trainer):
     return next(h["loss"] for h in trainer.state.log_history if "loss" in h)
 
 
+def tagger_reference(model, ds):
+    """torch's label-smoothed cross-entropy over every unmasked label of the 8 rows (no shift)."""
+    batch = pad_collate([ds[i] for i in range(8)])
+    with torch.no_grad():
+        logits = model.logits(batch["input_ids"])
+    return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100, label_smoothing=EPS).item()
+
+
 def test_causal_lm_loss_is_shifted_smoothed_cross_entropy(out_dir):
     model = tiny_gpt2(seed=2)
     ds = LMDataset(8)
@@ -44,25 +52,15 @@ def test_causal_lm_loss_is_shifted_smoothed_cross_entropy(out_dir):
 
 def test_unshifted_model_and_accumulation(out_dir):
     """A per-token tagger (no shift); GA=2 normalises over the items of both micro-batches."""
-    model = TokenTagger(seed=3)
-    ds = TokenDataset(8)
-    batch = pad_collate([ds[i] for i in range(8)])
-    with torch.no_grad():
-        logits = model.logits(batch["input_ids"])
-    reference = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100,
-                                label_smoothing=EPS).item()
+    model, ds = TokenTagger(seed=3), TokenDataset(8)
+    reference = tagger_reference(model, ds)
     trainer = Trainer(model, make_args(out_dir, gradient_accumulation_steps=2), train_dataset=ds, data_collator=pad_collate)
     assert first_step_loss(trainer) == pytest.approx(reference, rel=1e-6)
 
 
 def test_eval_loss_is_smoothed_too(out_dir):
-    model = TokenTagger(seed=3)
-    ds = TokenDataset(8)
-    batch = pad_collate([ds[i] for i in range(8)])
-    with torch.no_grad():
-        logits = model.logits(batch["input_ids"])
-    reference = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100,
-                                label_smoothing=EPS).item()
+    model, ds = TokenTagger(seed=3), TokenDataset(8)
+    reference = tagger_reference(model, ds)
     metrics = Trainer(model, make_args(out_dir, per_device_eval_batch_size=3), data_collator=pad_collate).evaluate(ds)
     assert metrics["eval_loss"] == pytest.approx(reference, rel=1e-6)
 

@@ -37,7 +37,20 @@ class RegressionModel(nn.Module):
         return (nn.functional.mse_loss(y, labels), y)
 
 
-class TokenDataset(Dataset):
+class _RowsDataset(Dataset):
+    """Rows kept as (input_ids, labels) pairs, served as dicts."""
+
+    rows: list
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        ids, labels = self.rows[i]
+        return {"input_ids": ids, "labels": labels}
+
+
+class TokenDataset(_RowsDataset):
     """Sequences of varied length (3..12) over a 16-token vocabulary, labels = next token with some masked."""
 
     def __init__(self, length: int = 40, seed: int = 0, max_len: int = 12):
@@ -49,13 +62,6 @@ class TokenDataset(Dataset):
             labels = (ids * 3 + 1) % 16
             labels[torch.rand(n, generator=g) < 0.3] = -100
             self.rows.append((ids, labels))
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        ids, labels = self.rows[i]
-        return {"input_ids": ids, "labels": labels}
 
 
 def pad_collate(features):
@@ -110,7 +116,7 @@ def tiny_gpt2(seed: int = 0, vocab: int = 64):
     return GPT2LMHeadModel(config)
 
 
-class LMDataset(Dataset):
+class LMDataset(_RowsDataset):
     """Causal-LM rows of varied length (5..16) over a 64-token vocabulary; ~35% of labels masked."""
 
     def __init__(self, length: int = 48, seed: int = 1, vocab: int = 64):
@@ -122,13 +128,6 @@ class LMDataset(Dataset):
             labels = ids.clone()
             labels[torch.rand(n, generator=g) < 0.35] = -100
             self.rows.append((ids, labels))
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        ids, labels = self.rows[i]
-        return {"input_ids": ids, "labels": labels}
 
 
 class ClassDataset(Dataset):
