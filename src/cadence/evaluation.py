@@ -200,8 +200,8 @@ class ItemMean:
         self.sum = torch.zeros((), device=device, dtype=torch.float64)
         self.items = torch.zeros((), device=device, dtype=torch.float64)
 
-    def add(self, batch_loss: torch.Tensor, items: torch.Tensor) -> None:
-        items = items.to(self.items.device, torch.float64)
+    def add(self, batch_loss: torch.Tensor, items: torch.Tensor | int) -> None:
+        items = torch.as_tensor(items, dtype=torch.float64, device=self.items.device)
         # a batch without items (every label masked) has a NaN mean: it adds nothing
         self.sum += torch.where(items > 0, batch_loss.double() * items, torch.zeros_like(self.sum))
         self.items += items

@@ -1044,8 +1044,8 @@ class Trainer:
         keep = not per_batch or description == "Prediction"  # predict() returns the predictions regardless
         is_padding = evaluation.padding_marker(dataloader)
         gather = evaluation.Gatherer(self.backend)
-        rows = len(dataloader.dataset) if isinstance(dataloader.batch_sampler, data.EvalBatchSampler) else None
-        collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches, rows)
+        dataset_rows = len(dataloader.dataset) if isinstance(dataloader.batch_sampler, data.EvalBatchSampler) else None
+        collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches, dataset_rows)
         loss_mean = evaluation.ItemMean(self.backend.device)
         metrics: dict[str, float] | None = None
         observed = 0
@@ -1056,7 +1056,7 @@ class Trainer:
             real_rows = 0 if is_padding(step) else rows
             observed += real_rows
             if loss is not None and real_rows:
-                loss_mean.add(loss, self._eval_items(inputs, loss))
+                loss_mean.add(loss, self._eval_items(inputs, rows))
             if not prediction_loss_only:
                 if self.preprocess_logits_for_metrics is not None and logits is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
@@ -1087,13 +1087,12 @@ class Trainer:
             step["losses"] = loss.detach().reshape(1).repeat(rows)
         return step
 
-    def _eval_items(self, inputs: Any, loss: torch.Tensor) -> torch.Tensor:
-        """Items behind one batch's mean loss: counted labels, else the batch size."""
+    def _eval_items(self, inputs: Any, rows: int) -> torch.Tensor | int:
+        """Items behind one batch's mean loss: counted labels, else its rows."""
         labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
         if labels is not None and labels.dim() > 1:
-            return data.count_items(labels, self._shifts_labels).double()
-        batch = next((v for v in (inputs.values() if isinstance(inputs, Mapping) else inputs) if torch.is_tensor(v)), None)
-        return torch.tensor(float(batch.shape[0] if batch is not None else 1), device=loss.device, dtype=torch.float64)
+            return data.count_items(labels, self._shifts_labels)
+        return rows
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
