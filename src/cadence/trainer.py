@@ -401,7 +401,9 @@ class Trainer:
             resume_from_checkpoint: a ``checkpoint-N`` folder (of cadence or transformers), or True for
                 the newest complete one in ``output_dir``. The run continues exactly where that
                 checkpoint was written: weights, optimizer, scheduler, RNGs, data position (skipped in
-                the sampler, nothing is loaded twice), logged-loss sums and ``TrainerState``.
+                the sampler, nothing is loaded twice), logged-loss sums and ``TrainerState``. With another
+                batch size or number of processes it continues after the samples already trained (not
+                bit-identical, a warning says so); a PEFT model loads its adapter.
             ignore_keys_for_eval: output keys to leave out of predictions during evaluation.
 
         Example:
