@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from .trainer_callback import TrainerCallback
-from .trainer_utils import CHECKPOINT_DIR_RE, sorted_checkpoints
+from .trainer_utils import CHECKPOINT_DIR_RE, has_length, sorted_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -445,7 +445,7 @@ class ResumePoint:
 def data_identity(dataset: Any) -> dict[str, Any]:
     """What ``loop_state.json`` keeps of the training data to recognise it on resume: its length and,
     for a ``datasets.Dataset``, its fingerprint (None where there is none)."""
-    return {"num_samples": len(dataset) if hasattr(dataset, "__len__") else None,
+    return {"num_samples": len(dataset) if has_length(dataset) else None,
             "fingerprint": getattr(dataset, "_fingerprint", None)}
 
 
@@ -455,14 +455,13 @@ def _epoch_batches(num_samples: int, batch: int, world: int, drop_last: bool) ->
     return share // batch if drop_last else -(-share // batch)
 
 
-def _check_same_data(folder: Path, loop: dict, identity: dict, layout: tuple[int, int, int], drop_last: bool) -> None:
+def _check_same_data(folder: Path, loop: dict, identity: dict, expected_batches: int | None) -> None:
     """Refuse a checkpoint written on other data: its saved length/fingerprint (or, for checkpoints that
-    predate them, its batches per epoch under its own layout) must match this run's dataset."""
+    predate them, its batches per epoch: ``expected_batches`` for this data in its layout) must match."""
     saved_n, saved_fp = loop.get("num_samples"), loop.get("fingerprint")
     n, fp = identity.get("num_samples"), identity.get("fingerprint")
-    if saved_n is None and n is not None and loop.get("batches_per_epoch") is not None:
-        if loop["batches_per_epoch"] != _epoch_batches(n, layout[0], layout[2], drop_last):
-            saved_n = f"data giving {loop['batches_per_epoch']} batches per epoch"
+    if saved_n is None and loop.get("batches_per_epoch") not in (None, expected_batches):
+        saved_n = f"data giving {loop['batches_per_epoch']} batches per epoch"
     changed = (saved_n is not None and n is not None and saved_n != n) or (saved_fp and fp and saved_fp != fp)
     if changed:
         what = f"{saved_n} samples" if isinstance(saved_n, int) else (saved_n or "the same length")
@@ -500,20 +499,20 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     saved = ((loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size") or saved_batch_size or batch,
              (loop or {}).get("gradient_accumulation_steps") or saved_args.get("gradient_accumulation_steps") or ga,
              (loop or {}).get("world_size") or checkpoint_world_size(folder) or world)
+    same_layout = saved == (batch, ga, world)
+    saved_epoch_batches = batches_per_epoch  # this data's batches per epoch in the saving run's layout
+    if not same_layout and batches_per_epoch is not None and identity.get("num_samples") is not None:
+        saved_epoch_batches = _epoch_batches(identity["num_samples"], saved[0], saved[2], args.dataloader_drop_last)
     if loop is not None and not args.ignore_data_skip:
-        _check_same_data(folder, loop, identity, saved, args.dataloader_drop_last)
+        _check_same_data(folder, loop, identity, saved_epoch_batches)
         epoch, skip = loop["epoch"], loop["batches_in_epoch"]
-        saved_epoch_batches = loop.get("batches_per_epoch")
     elif batches_per_epoch is None:  # a stream: its trained batches cannot be skipped, only read again
-        epoch, skip, saved_epoch_batches = 0, 0 if args.ignore_data_skip else global_step * saved[1], None
+        epoch, skip = 0, 0 if args.ignore_data_skip else global_step * saved[1]
     else:  # transformers' rule: whole optimizer steps of ga batches into the epoch (of the saving run's layout)
-        saved_epoch_batches = batches_per_epoch
-        if saved != (batch, ga, world) and identity.get("num_samples") is not None:
-            saved_epoch_batches = _epoch_batches(identity["num_samples"], saved[0], saved[2], args.dataloader_drop_last)
         steps_per_epoch = max(-(-saved_epoch_batches // saved[1]), 1)
         epoch = global_step // steps_per_epoch
         skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * saved[1]
-    if saved != (batch, ga, world):
+    if not same_layout:
         skip = _rescale_position(folder, skip, saved, args, epoch, saved_epoch_batches, batches_per_epoch)
     stream_state = None
     if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
