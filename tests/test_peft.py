@@ -176,3 +176,13 @@ def test_purely_quantized_model_is_refused(tmp_path):
     model = tiny_gpt2()
     model.is_loaded_in_4bit = True
     Trainer(lora(model), args, train_dataset=LMDataset(8), data_collator=lm_collate)  # with an adapter: accepted
+
+
+def test_cadence_resumes_a_transformers_lora_checkpoint(tmp_path):
+    """transformers writes the same adapter files: cadence resumes its checkpoint and ends where it ends."""
+    model = lora()
+    hf = run(str(tmp_path / "hf"), copy.deepcopy(model), lib=transformers)  # saves checkpoint-3 and -6
+    cd = run(str(tmp_path / "cd"), copy.deepcopy(model), resume=str(tmp_path / "hf" / "checkpoint-3"))
+    theirs, ours = adapter(hf.model), adapter(cd.model)
+    for k in ours:  # the same tolerance as the unbroken parity above (3 steps on each side of the checkpoint)
+        assert torch.allclose(ours[k], theirs[k], atol=1e-5, rtol=1e-4), k
