@@ -66,10 +66,13 @@ def _require_peft():
 
 
 def adapter_folders(model: nn.Module, folder: str | Path) -> dict[str, Path]:
-    """Where ``save_pretrained`` put each adapter of ``model`` in ``folder``: ``default`` at the top, others in a
-    subfolder named after them."""
+    """Where ``save_pretrained`` put each adapter of ``model`` in ``folder``: a ``PeftModel`` puts ``default`` at
+    the top and the others in subfolders named after them; a ``transformers`` model its active adapter at the top."""
     folder = Path(folder)
-    return {name: folder if name == "default" else folder / name for name in getattr(model, "peft_config", {})}
+    peft = sys.modules.get("peft")
+    if peft is not None and isinstance(model, peft.PeftModel):
+        return {name: folder if name == "default" else folder / name for name in model.peft_config}
+    return {model.active_adapters()[0]: folder}
 
 
 def load_adapter_weights(model: nn.Module, folder: str | Path) -> None:
