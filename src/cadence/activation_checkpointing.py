@@ -69,6 +69,7 @@ def enable(model: nn.Module, kwargs: dict[str, Any] | None = None) -> str:
                     raise ValueError(f"activation_checkpointing_kwargs[{key!r}]={value!r} is invalid: "
                                      f"{type(model).__name__}.{method} does not take {key}; remove it")
             fn(**call)
+            _inputs_require_grad(model)
             return method
     if offload:
         raise ValueError("activation_checkpointing_kwargs['offload']=True is invalid for a model marked with "
@@ -80,6 +81,25 @@ def enable(model: nn.Module, kwargs: dict[str, Any] | None = None) -> str:
             block.forward = functools.partial(checkpoint, block.forward, **kwargs)  # instance attribute: keys unchanged
             setattr(block, _MARK, True)
     return "checkpoint_modules"
+
+
+def _inputs_require_grad(model: nn.Module) -> None:
+    """With frozen input embeddings (a PEFT/LoRA base), make their output require grad, as transformers
+    does: a reentrant checkpoint whose inputs do not require grad gives its blocks' adapters no gradient.
+
+    Newer ``transformers`` models do it in their own method; this covers the older ones and any model
+    with ``enable_input_require_grads`` (a ``PeftModel`` reaches its base model's).
+    """
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    enable = getattr(model, "enable_input_require_grads", None)
+    if not (callable(get_embeddings) and callable(enable)) or getattr(model, "_require_grads_hook", None) is not None:
+        return
+    try:
+        embeddings = get_embeddings()
+    except NotImplementedError:  # a model without input embeddings: nothing to arrange
+        return
+    if embeddings is not None and not any(p.requires_grad for p in embeddings.parameters()):
+        enable()
 
 
 def check(model: nn.Module) -> None:

@@ -12,7 +12,8 @@ transformers writes numpy's RNG state as an array; cadence writes it as plain li
 
 Files (the names transformers uses, so either library resumes the other's checkpoints)::
 
-    model.safetensors      weights (or the model's own save_pretrained files)
+    model.safetensors      weights (or the model's own save_pretrained files: a PEFT model's adapter only,
+                           adapter_model.safetensors + adapter_config.json)
     optimizer.pt           optimizer.state_dict()
     scheduler.pt           lr_scheduler.state_dict()
     rng_state.pth          python/numpy/torch(/cuda) RNG states; rng_state_{rank}.pth per process
@@ -33,9 +34,12 @@ Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
   and reports ``train_loss`` exactly as an unbroken run. A transformers checkpoint lacks it, so, as
   transformers does, the first log averages the steps since the resume and ``train_loss`` this
   call's steps. Logging/eval/save intervals come from this run's arguments.
-- A checkpoint written by another number of processes, or with another batch size, accumulation
-  or number of batches per epoch, is refused (its position would be silently wrong) unless
-  ``ignore_data_skip=True`` restarts the checkpoint's epoch.
+- A checkpoint written by another number of processes, per-device batch size or accumulation is
+  resumed as transformers allows: the position is recomputed from the samples the saving run had
+  trained in its epoch (its batches x its per-device batch x its processes), rounded down to a whole
+  batch of this run, with a warning that the run is no longer bit-identical to an unbroken one. Only
+  another dataset (its length, or a ``datasets`` fingerprint, differs from the saved one) is refused,
+  unless ``ignore_data_skip=True`` restarts the checkpoint's epoch.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import numpy as np
 import torch
 
 from .trainer_callback import TrainerCallback
-from .trainer_utils import CHECKPOINT_DIR_RE, sorted_checkpoints
+from .trainer_utils import CHECKPOINT_DIR_RE, has_length, sorted_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -295,9 +299,15 @@ def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> Non
     """Load ``model.safetensors`` (or its sharded index) of ``folder`` into ``model``.
 
     Tied weights stored once (as ``save_pretrained`` and safetensors do) are accepted; any other
-    missing or unexpected key is an error naming the keys.
+    missing or unexpected key is an error naming the keys. A model with PEFT adapters loads its
+    adapters (what its ``save_pretrained`` wrote), not the frozen base.
     """
     from safetensors.torch import load_file
+
+    from . import peft_support
+
+    if peft_support.has_adapters(model):
+        return peft_support.load_adapter_weights(model, folder)
 
     folder = Path(folder)
     single, index = folder / WEIGHTS_NAME, folder / f"{WEIGHTS_NAME}.index.json"
@@ -432,7 +442,39 @@ class ResumePoint:
     stream_state: dict | None = None
 
 
-def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any) -> ResumePoint:
+def data_identity(dataset: Any) -> dict[str, Any]:
+    """What ``loop_state.json`` keeps of the training data to recognise it on resume: its length and,
+    for a ``datasets.Dataset``, its fingerprint (None where there is none)."""
+    return {"num_samples": len(dataset) if has_length(dataset) else None,
+            "fingerprint": getattr(dataset, "_fingerprint", None)}
+
+
+def _epoch_batches(num_samples: int, batch: int, world: int, drop_last: bool) -> int:
+    """Batches of one process in an epoch (the sampler pads the epoch to equal shares)."""
+    share = -(-num_samples // world)
+    return share // batch if drop_last else -(-share // batch)
+
+
+def _check_same_data(folder: Path, loop: dict, identity: dict, expected_batches: int | None) -> None:
+    """Refuse a checkpoint written on other data: its saved length/fingerprint (or, for checkpoints that
+    predate them, its batches per epoch: ``expected_batches`` for this data in its layout) must match."""
+    saved_n, saved_fp = loop.get("num_samples"), loop.get("fingerprint")
+    n, fp = identity.get("num_samples"), identity.get("fingerprint")
+    if saved_n is None and loop.get("batches_per_epoch") not in (None, expected_batches):
+        saved_n = f"data giving {loop['batches_per_epoch']} batches per epoch"
+    changed = (saved_n is not None and n is not None and saved_n != n) or (saved_fp and fp and saved_fp != fp)
+    if changed:
+        what = f"{saved_n} samples" if isinstance(saved_n, int) else (saved_n or "the same length")
+        raise ValueError(
+            f"checkpoint {folder} was trained on another train_dataset ({what}, fingerprint {saved_fp}) than this "
+            f"run's ({n} samples, fingerprint {fp}): its data position means nothing here; resume with the same "
+            "train_dataset, or set ignore_data_skip=True to restart the checkpoint's epoch from its first batch"
+        )
+
+
+def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any,
+                 saved_args: dict | None = None, saved_batch_size: int | None = None,
+                 identity: dict | None = None) -> ResumePoint:
     """Read the position, RNG and loop state of ``folder`` for this process, checking they fit this run.
 
     Args:
@@ -440,35 +482,38 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         global_step: ``trainer_state.json``'s step.
         batches_per_epoch: micro-batches in one epoch of this run (None for an iterable dataset).
         args: this run's ``TrainingArguments``.
+        saved_args: the checkpoint's arguments (:func:`load_training_args`), when readable.
+        saved_batch_size: ``trainer_state.json``'s ``train_batch_size`` (all a transformers checkpoint says).
+        identity: this run's :func:`data_identity`.
+
+    A checkpoint written with another per-device batch, accumulation or number of processes
+    continues after the samples that run trained (logged as a warning: not bit-identical).
 
     Raises:
-        ValueError: the checkpoint was written by another number of processes, or with another
-            number of batches per epoch, so its position cannot be found in this run's data.
+        ValueError: the checkpoint was trained on another dataset.
     """
-    saved_world = checkpoint_world_size(folder)
-    if saved_world is not None and saved_world != args.world_size:
-        raise ValueError(
-            f"checkpoint {folder} was written by {saved_world} process(es) and this run has "
-            f"world_size={args.world_size}: the data order and RNG states differ with the number of processes, so the "
-            f"run would silently not continue where it stopped; resume with {saved_world} process(es)"
-        )
     loop = json.loads((folder / LOOP_STATE_NAME).read_text()) if (folder / LOOP_STATE_NAME).exists() else None
-    ga = args.gradient_accumulation_steps
-    same_batches = loop is None or loop.get("batches_per_epoch") in (None, batches_per_epoch)
-    if not same_batches and not args.ignore_data_skip:
-        raise ValueError(
-            f"checkpoint {folder} was written with {loop['batches_per_epoch']} batches per epoch and this run has "
-            f"{batches_per_epoch}: the dataset, per_device_train_batch_size or dataloader_drop_last changed, so the "
-            "saved data position means something else here; resume with the same data and batch size"
-        )
+    saved_args, identity = saved_args or {}, identity or {}
+    ga, world, batch = args.gradient_accumulation_steps, args.world_size, args.train_batch_size
+    # the saving run's (per-device batch, accumulation, processes): loop_state.json, else its args and files
+    saved = ((loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size") or saved_batch_size or batch,
+             (loop or {}).get("gradient_accumulation_steps") or saved_args.get("gradient_accumulation_steps") or ga,
+             (loop or {}).get("world_size") or checkpoint_world_size(folder) or world)
+    same_layout = saved == (batch, ga, world)
+    saved_epoch_batches = batches_per_epoch  # this data's batches per epoch in the saving run's layout
+    if not same_layout and batches_per_epoch is not None and identity.get("num_samples") is not None:
+        saved_epoch_batches = _epoch_batches(identity["num_samples"], saved[0], saved[2], args.dataloader_drop_last)
     if loop is not None and not args.ignore_data_skip:
+        _check_same_data(folder, loop, identity, saved_epoch_batches)
         epoch, skip = loop["epoch"], loop["batches_in_epoch"]
     elif batches_per_epoch is None:  # a stream: its trained batches cannot be skipped, only read again
-        epoch, skip = 0, 0 if args.ignore_data_skip else global_step * ga
-    else:  # transformers' rule: whole optimizer steps of ga batches into the epoch
-        steps_per_epoch = max(-(-batches_per_epoch // ga), 1)
+        epoch, skip = 0, 0 if args.ignore_data_skip else global_step * saved[1]
+    else:  # transformers' rule: whole optimizer steps of ga batches into the epoch (of the saving run's layout)
+        steps_per_epoch = max(-(-saved_epoch_batches // saved[1]), 1)
         epoch = global_step // steps_per_epoch
-        skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * ga
+        skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * saved[1]
+    if not same_layout:
+        skip = _rescale_position(folder, skip, saved, args, epoch, saved_epoch_batches, batches_per_epoch)
     stream_state = None
     if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
         stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
@@ -477,6 +522,34 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     if rng is None:
         logger.warning("checkpoint %s has no %s: the RNGs are not restored, so the resumed run is not exact", folder, rng_file.name)
     return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop, stream_state=stream_state)
+
+
+def _rescale_position(folder: Path, skip: int, saved: tuple[int, int, int], args: Any, epoch: int,
+                      saved_epoch_batches: int | None, batches_per_epoch: int | None) -> int:
+    """The saving run's ``skip`` batches of the epoch as batches of this run: the samples they held
+    (the sampler deals the epoch's order out to processes in turn, so ``skip x batch x processes``
+    samples lead it), divided by this run's batch x processes and rounded down. Warns."""
+    batch, world = args.train_batch_size, args.world_size
+    seen = skip * saved[0] * saved[2]  # samples of the epoch's order already trained, all processes together
+    if batches_per_epoch is not None and saved_epoch_batches is not None and skip >= saved_epoch_batches:
+        new_skip, again = batches_per_epoch, 0  # the saving run had trained its whole epoch
+    else:
+        new_skip = seen // (batch * world)
+        again = seen - new_skip * batch * world
+        if batches_per_epoch is not None:
+            new_skip = min(new_skip, batches_per_epoch)
+    logger.warning(
+        "checkpoint %s was written with per-device batch %d x accumulation %d x %d process(es) and this run has "
+        "%d x %d x %d: the data position is recomputed from the %d samples of epoch %d already trained (%d batches "
+        "of this run%s%s). The run continues where that one stopped but is no longer bit-identical to an unbroken one; "
+        "global_step goes on counting this run's optimizer steps (as in transformers), so set max_steps to choose how many "
+        "more to train",
+        folder, *saved, args.train_batch_size, args.gradient_accumulation_steps, world, seen, epoch, new_skip,
+        f"; the last {again} samples are trained again, as they do not fill a batch here" if again else "",
+        "; group_by_length orders the epoch by the global batch, so its order differs too"
+        if getattr(args, "train_sampling_strategy", None) == "group_by_length" else "",
+    )
+    return new_skip
 
 
 def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any) -> None:

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
+from . import peft_support
 from .backend import Backend
 from .trainer_callback import (
     CallbackHandler,
@@ -77,6 +78,7 @@ class _RunningLoss:
         self.first_step = 0  # train_loss averages the steps from here (the resumed step when the sums were not saved)
         self.resumed_step = 0  # the step this train() call started from
         self.epoch, self.batches_in_epoch, self.batches_per_epoch = 0, 0, None  # where the data is
+        self.layout: dict[str, Any] = {}  # what the position is counted in: batch layout and data identity
         self.skipped = self.skipped_total = 0  # optimizer steps fp16 loss scaling skipped (inf/NaN gradients)
 
     def count(self, window: list, floating_point_ops: Callable) -> None:
@@ -91,7 +93,7 @@ class _RunningLoss:
         nonfinite = 0 if self.nonfinite is None else int(backend.reduce_sum(self.nonfinite.clone()).item())
         return {"loss_sum": backend.reduce_mean(self.sum.clone()).item(), "nonfinite": nonfinite, "total": self.total,
                 "last_logged_step": self.last_logged_step, "first_step": self.first_step, "epoch": self.epoch,
-                "batches_in_epoch": self.batches_in_epoch, "batches_per_epoch": self.batches_per_epoch}
+                "batches_in_epoch": self.batches_in_epoch, "batches_per_epoch": self.batches_per_epoch, **self.layout}
 
     def load_state_dict(self, state: dict[str, Any], is_main: bool) -> None:
         self.sum.fill_(state["loss_sum"])  # every process: the logged value is their mean
@@ -238,6 +240,7 @@ class Trainer:
             neftune.input_embeddings(self.model)
         if args.activation_checkpointing:
             activation_checkpointing.check(self.model)
+        peft_support.check_trainable(self.model)  # a quantized model needs adapters to train
 
     @staticmethod
     def _accepts_loss_kwargs(model: nn.Module) -> bool:
@@ -398,7 +401,9 @@ class Trainer:
             resume_from_checkpoint: a ``checkpoint-N`` folder (of cadence or transformers), or True for
                 the newest complete one in ``output_dir``. The run continues exactly where that
                 checkpoint was written: weights, optimizer, scheduler, RNGs, data position (skipped in
-                the sampler, nothing is loaded twice), logged-loss sums and ``TrainerState``.
+                the sampler, nothing is loaded twice), logged-loss sums and ``TrainerState``. With another
+                batch size or number of processes it continues after the samples already trained (not
+                bit-identical, a warning says so); a PEFT model loads its adapter.
             ignore_keys_for_eval: output keys to leave out of predictions during evaluation.
 
         Example:
@@ -485,6 +490,8 @@ class Trainer:
                                    getattr(self.processing_class, "pad_token_id", None))
         running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter, tokens)
         running.batches_per_epoch = batches_per_epoch
+        running.layout = {"train_batch_size": args.train_batch_size, "gradient_accumulation_steps": ga,
+                          "world_size": world, **checkpoint.data_identity(self.train_dataset)}
         resume = None
         if resume_from_checkpoint is not None:
             resume = self._load_resume_state(Path(resume_from_checkpoint), running, max_steps, num_train_epochs)
@@ -640,14 +647,6 @@ class Trainer:
         """
         args = self.args
         saved_args = checkpoint.load_training_args(folder) or {}
-        if not args.ignore_data_skip:
-            for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-                if name in saved_args and saved_args[name] != getattr(args, name):
-                    raise ValueError(
-                        f"checkpoint {folder} was written with {name}={saved_args[name]} and this run has "
-                        f"{name}={getattr(args, name)}: its data position would be wrong here; use the same value, or "
-                        "set ignore_data_skip=True to restart the checkpoint's epoch from its first batch"
-                    )
         checkpoint.load_optimizer_and_scheduler(folder, self.optimizer, self.lr_scheduler)
         if (folder / checkpoint.SCALER_NAME).exists():
             self.backend.load_scaler_state(checkpoint.safe_load(folder / checkpoint.SCALER_NAME))
@@ -655,13 +654,16 @@ class Trainer:
         if saved.best_model_checkpoint is not None and not os.path.isdir(saved.best_model_checkpoint):
             logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
             saved.best_model_checkpoint = None
-        for name in ("is_local_process_zero", "is_world_process_zero", "logging_steps", "eval_steps", "save_steps"):
+        saved_batch_size = saved.train_batch_size
+        for name in ("is_local_process_zero", "is_world_process_zero", "logging_steps", "eval_steps", "save_steps",
+                     "train_batch_size"):
             setattr(saved, name, getattr(self.state, name))
         saved.max_steps, saved.num_train_epochs = max_steps, num_train_epochs
         self.state = saved
         if args.restore_callback_states_from_checkpoint:
             self.control = checkpoint.restore_callback_states(self.callback_handler, self.control, saved.stateful_callbacks)
-        resume = checkpoint.resume_point(folder, saved.global_step, running.batches_per_epoch, args)
+        resume = checkpoint.resume_point(folder, saved.global_step, running.batches_per_epoch, args, saved_args,
+                                         saved_batch_size, checkpoint.data_identity(self.train_dataset))
         if resume.loop is not None:
             running.load_state_dict(resume.loop, self.backend.is_main_process)
         else:  # a transformers checkpoint: the loss since its last log is unknown; average this run's steps (HF's rule)
