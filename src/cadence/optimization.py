@@ -62,6 +62,7 @@ __all__ = [
     "get_reduce_on_plateau_schedule",
     "get_scheduler",
     "get_wsd_schedule",
+    "is_optimizer_factory",
     "parse_optim_args",
 ]
 
@@ -1323,6 +1324,17 @@ def check_optimizer(name: str) -> None:
         raise ValueError(_not_built_message(name))
     if name in _OPTIONAL_PACKAGES:
         _require_package(name)
+
+
+def is_optimizer_factory(optimizer_cls_or_factory: Any) -> bool:
+    """Whether an optimizer handler returned a factory (any callable that builds the optimizer from the
+    model, e.g. for Muon-style optimizers) rather than a ``torch.optim.Optimizer`` subclass.
+
+    Example:
+        >>> is_optimizer_factory(torch.optim.AdamW), is_optimizer_factory(lambda model: None)
+        (False, True)
+    """
+    return not (isinstance(optimizer_cls_or_factory, type) and issubclass(optimizer_cls_or_factory, torch.optim.Optimizer))
 
 
 def get_optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
