@@ -371,9 +371,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ optimizer and scheduler
 
-    def create_optimizer(self) -> torch.optim.Optimizer:
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         if self.optimizer is None:
-            self.optimizer = optimization.create_optimizer(self.model, self.args, self.optimizer_cls_and_kwargs)
+            model = model if model is not None else self.model  # transformers 5's optional argument
+            self.optimizer = optimization.create_optimizer(model, self.args, self.optimizer_cls_and_kwargs)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
