@@ -145,3 +145,13 @@ def test_every_public_transformers_trainer_method_is_decided():
     theirs = {n for n in dir(transformers.Trainer) if not n.startswith("_") and callable(getattr(transformers.Trainer, n))}
     missing = sorted(theirs - set(dir(cadence.Trainer)) - left_to_issue_12)
     assert missing == []
+
+
+def test_an_override_cadence_would_ignore_is_refused(tmp_path):
+    class CountsItsOwnWay(cadence.Trainer):
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            return [], None
+
+    args = cadence.TrainingArguments(str(tmp_path), use_cpu=True, report_to="none")
+    with pytest.raises(TypeError, match="overrides get_batch_samples.*compute_loss_func"):
+        CountsItsOwnWay(model=tiny_gpt2(), args=args)

@@ -240,6 +240,7 @@ class Trainer:
             neftune.input_embeddings(self.model)
         if args.activation_checkpointing:
             activation_checkpointing.check(self.model)
+        self._refuse_ignored_overrides()
 
     @staticmethod
     def _accepts_loss_kwargs(model: nn.Module) -> bool:
@@ -1202,14 +1203,12 @@ class Trainer:
         """
         if not self.is_world_process_zero():
             return
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        paths = [Path(self.args.output_dir) / f"{split}_results.json"]
+        out = Path(self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{split}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True), encoding="utf-8")
         if combined:
-            paths.append(Path(self.args.output_dir) / "all_results.json")
-        for path in paths:
-            merged = dict(metrics)
-            if path.name == "all_results.json" and path.exists():
-                merged = {**json.loads(path.read_text(encoding="utf-8")), **metrics}
+            path = out / "all_results.json"
+            merged = {**(json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}), **metrics}
             path.write_text(json.dumps(merged, indent=4, sort_keys=True), encoding="utf-8")
 
     def save_state(self) -> None:
@@ -1322,19 +1321,33 @@ class Trainer:
         """Destroy the process group at the very end of a script (after the last train/evaluate/save)."""
         self.backend.end()
 
+    # transformers' loop calls these; cadence's does not, so an override would be silently ignored: refused
+    _NOT_CALLED_BY_CADENCE = ("create_accelerator_and_postprocess", "set_initial_training_values", "get_batch_samples")
+
+    def _refuse_ignored_overrides(self) -> None:
+        for name in self._NOT_CALLED_BY_CADENCE:
+            if getattr(type(self), name) is not getattr(Trainer, name):
+                raise TypeError(
+                    f"{type(self).__name__} overrides {name}(), which cadence's training loop never calls, so the "
+                    f"override would be silently ignored; move that logic elsewhere ({getattr(Trainer, name).__doc__})"
+                )
+
     def create_accelerator_and_postprocess(self) -> None:
+        """cadence builds its accelerate objects from TrainingArguments (ddp_* fields) in backend.Backend."""
         raise NotImplementedError(
             "cadence creates its accelerate objects in backend.Backend (from TrainingArguments) when the Trainer is "
             "built; there is nothing to recreate. Set the ddp_* arguments instead"
         )
 
     def set_initial_training_values(self, args: TrainingArguments, dataloader: DataLoader):
+        """cadence computes step counts inside train(); read state.max_steps / num_train_epochs in on_train_begin."""
         raise NotImplementedError(
             "cadence computes the step counts inside train() (Trainer._step_counts: max_steps, epochs, batches per "
             "epoch); read trainer.state.max_steps / num_train_epochs after train() starts, e.g. in on_train_begin"
         )
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
+        """cadence counts a step's items itself; to change the loss, override compute_loss or pass compute_loss_func."""
         raise NotImplementedError(
             "cadence's loop takes each optimizer step's batches and counts their items itself (loss.window_items, "
             "over all processes); to change the loss, override compute_loss or pass compute_loss_func"
