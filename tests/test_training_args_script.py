@@ -184,3 +184,24 @@ def test_main_process_first_is_a_barrier_under_two_processes(tmp_path):
     order = [(e["rank"], e["what"]) for e in sorted(events, key=lambda e: e["time"])]
     assert order[:2] == [(0, "enter"), (0, "leave")] and order[2] == (1, "enter"), order
     assert all(e["saw_cache"] for e in events if e["rank"] == 1 and e["what"] == "enter")
+
+
+def _as_flag_value(value):
+    value = getattr(value, "value", value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_every_field_parses_its_value_from_the_command_line_like_transformers(tmp_path):
+    """Each field given on the command line (its default written as text) reads back as transformers reads it."""
+    defaults = TrainingArguments(str(tmp_path), use_cpu=True)
+    checked = 0
+    for f in dataclasses.fields(transformers.TrainingArguments):
+        value = getattr(defaults, f.name, None)
+        if f.name in ("output_dir", "use_cpu") or value is None or isinstance(value, (list, dict)):
+            continue
+        argv = ["--output_dir", str(tmp_path), "--use_cpu", f"--{f.name}", _as_flag_value(value)]
+        ours, theirs = parse(TrainingArguments, argv), parse(transformers.TrainingArguments, argv)
+        a, b = getattr(ours, f.name), getattr(theirs, f.name)
+        assert getattr(a, "value", a) == getattr(b, "value", b), f.name
+        checked += 1
+    assert checked > 60
