@@ -107,6 +107,7 @@ def test_training_and_evaluation_log_the_lines_transformers_logs(tmp_path, caplo
 
     hf_logging.enable_propagation()
     hf_logging.set_verbosity_info()
+    previous = logging.getLogger("cadence").level  # log_level="info" sets it: put it back for the other tests
     try:
         lines = {}
         for trainer in pair(tmp_path, log_level="info"):
@@ -120,6 +121,7 @@ def test_training_and_evaluation_log_the_lines_transformers_logs(tmp_path, caplo
     finally:
         hf_logging.disable_propagation()
         hf_logging.set_verbosity_warning()
+        logging.getLogger("cadence").setLevel(previous)
     # with propagation switched on, each transformers record reaches the capture twice: drop the repeats
     theirs = lines["transformers"]
     lines["transformers"] = [m for i, m in enumerate(theirs) if i == 0 or m != theirs[i - 1]]

@@ -1145,7 +1145,6 @@ class Trainer:
         logits = evaluation.outputs_to_logits(outputs, skip, has_labels)
         return loss, logits, labels
 
-
     # ------------------------------------------------------------------ Script-facing helpers
     # What scripts call around train()/evaluate(), with transformers' names, signatures and files.
 
