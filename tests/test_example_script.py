@@ -89,7 +89,6 @@ def runs(tmp_path_factory):
     return result
 
 
-@pytest.mark.slow
 def test_files_written_like_transformers(runs):
     cd, hf = runs["cadence"][0], runs["transformers"][0]
     expected = {"README.md", "all_results.json", "train_results.json", "eval_results.json", "trainer_state.json",
@@ -113,7 +112,6 @@ def test_files_written_like_transformers(runs):
     assert evals[-1] < evals[0] - 0.2  # it learned
 
 
-@pytest.mark.slow
 def test_trainer_state_and_log_history_like_transformers(runs):
     ours, theirs = read(runs["cadence"][0], "trainer_state.json"), read(runs["transformers"][0], "trainer_state.json")
     assert set(ours) == set(theirs)
@@ -134,7 +132,6 @@ def test_trainer_state_and_log_history_like_transformers(runs):
         assert torch.allclose(a[name], b[name], atol=2e-4, rtol=1e-3), name
 
 
-@pytest.mark.slow
 def test_log_metrics_prints_transformers_table(runs):
     def table(stdout, split):
         lines = stdout[stdout.index(f"***** {split} metrics *****"):].splitlines()[1:]
@@ -151,7 +148,6 @@ def test_log_metrics_prints_transformers_table(runs):
     assert table(runs["cadence"][2], "train")["total_flos"].endswith("GF")
 
 
-@pytest.mark.slow
 def test_model_card_like_transformers(runs):
     def parts(out):
         text = (out / "README.md").read_text()
@@ -181,7 +177,6 @@ def test_model_card_like_transformers(runs):
         assert [float(c) for c in cells[0][::3]] == pytest.approx([float(c) for c in cells[1][::3]], abs=2e-4)
 
 
-@pytest.mark.slow
 def test_json_file_parses_like_argv(runs):
     argv_state, json_state = read(runs["cadence"][0], "trainer_state.json"), read(runs["json"][0], "trainer_state.json")
     losses = [[h.get("loss"), h.get("eval_loss")] for h in argv_state["log_history"]]
@@ -190,7 +185,6 @@ def test_json_file_parses_like_argv(runs):
     assert (args.learning_rate, args.eval_steps, args.do_train, args.use_cpu) == (3e-3, 4, True, True)
 
 
-@pytest.mark.slow
 def test_resume_from_checkpoint_continues_exactly(runs):
     full, resumed = runs["cadence"][0], runs["cadence_resumed"][0]
     a, b = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
