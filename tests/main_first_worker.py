@@ -24,3 +24,13 @@ with args.main_process_first(desc="building the cache"):
         with open(os.path.join(folder, "cache"), "w") as f:
             f.write("ready")
     record("leave")
+
+# Trainer.end() at the very end of a script: the process group is destroyed
+import torch  # noqa: E402
+
+from cadence import Trainer  # noqa: E402
+
+trainer = Trainer(model=torch.nn.Linear(1, 1), args=args)
+was = torch.distributed.is_initialized()
+trainer.end()
+record("ended", initialized_before=was, initialized_after=torch.distributed.is_initialized())

@@ -174,7 +174,7 @@ def test_main_process_first_runs_the_block_with_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_main_process_first_is_a_barrier_under_two_processes(tmp_path):
+def test_main_process_first_is_a_barrier_under_two_processes_and_end_closes_the_group(tmp_path):
     src = os.path.join(os.path.dirname(HERE), "src")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
@@ -183,9 +183,11 @@ def test_main_process_first_is_a_barrier_under_two_processes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = [json.loads(line) for rank in (0, 1) for line in (tmp_path / f"events_{rank}.jsonl").read_text().splitlines()]
     # rank 0 enters and leaves its block before rank 1 enters: rank 1 waited at the barrier
-    order = [(e["rank"], e["what"]) for e in sorted(events, key=lambda e: e["time"])]
+    order = [(e["rank"], e["what"]) for e in sorted(events, key=lambda e: e["time"]) if e["what"] != "ended"]
     assert order[:2] == [(0, "enter"), (0, "leave")] and order[2] == (1, "enter"), order
     assert all(e["saw_cache"] for e in events if e["rank"] == 1 and e["what"] == "enter")
+    ended = [e for e in events if e["what"] == "ended"]
+    assert len(ended) == 2 and all(e["initialized_before"] and not e["initialized_after"] for e in ended)  # Trainer.end()
 
 
 def _as_flag_value(value):
