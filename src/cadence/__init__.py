@@ -36,10 +36,12 @@ _EXPORTS = {
     "DefaultDataCollator": "data",
     "DataCollatorWithPadding": "data",
     "get_scheduler": "optimization",
-    "get_linear_schedule_with_warmup": "optimization",
-    "get_cosine_schedule_with_warmup": "optimization",
-    "get_constant_schedule": "optimization",
-    "get_constant_schedule_with_warmup": "optimization",
+    **{name: "optimization" for name in (  # every get_*_schedule* function transformers exports at its top level
+        "get_constant_schedule", "get_constant_schedule_with_warmup", "get_cosine_schedule_with_warmup",
+        "get_cosine_with_hard_restarts_schedule_with_warmup", "get_cosine_with_min_lr_schedule_with_warmup",
+        "get_cosine_with_min_lr_schedule_with_warmup_lr_rate", "get_greedy_schedule", "get_inverse_sqrt_schedule",
+        "get_linear_schedule_with_warmup", "get_polynomial_decay_schedule_with_warmup",
+        "get_reduce_on_plateau_schedule", "get_wsd_schedule", "get_adafactor_schedule")},
     "Adafactor": "optimization",
 }
 

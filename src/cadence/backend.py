@@ -187,6 +187,23 @@ class Backend:
         if self.accelerator is not None:
             self.accelerator.wait_for_everyone()
 
+    def end(self) -> None:
+        """Destroy the process group (accelerate's ``end_training``); nothing with one process."""
+        if self.accelerator is not None:
+            self.accelerator.end_training()
+
+
+def main_process_first(args: Any, local: bool = True):
+    """accelerate's "main process goes first" barrier (``TrainingArguments.main_process_first``).
+
+    accelerate's process state is created here with the run's ``ddp_backend`` and ``ddp_timeout``, the same
+    ones ``Backend``'s ``Accelerator`` asks for; whichever comes first creates it, the other reuses it.
+    """
+    from accelerate import PartialState
+
+    state = PartialState(cpu=args.use_cpu, backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout))
+    return state.local_main_process_first() if local else state.main_process_first()
+
 
 # device type -> how to release its allocator's cache (a CPU has none to release)
 _EMPTY_CACHE = {

@@ -641,3 +641,41 @@ class JITCheckpointCallback(TrainerCallback):
         for name, previous in self._previous.items():
             signal.signal(getattr(signal, name), previous)
         self._previous.clear()
+
+
+class CheckpointManager:
+    """transformers' object for just-in-time checkpoints, for scripts that drive one themselves: SIGTERM
+    requests a checkpoint ``kill_wait`` seconds later (a SIGKILL that follows at once leaves nothing half
+    written), and ``execute_jit_checkpoint()`` writes it through the Trainer's atomic save.
+
+    The Trainer itself uses ``JITCheckpointCallback`` (``enable_jit_checkpoint=True``), which saves at the
+    next step end with the loop's state, so that resume is exact; a checkpoint written here from outside
+    the loop resumes like a transformers one (the logged-loss sums since the last log are not in it).
+
+    Args:
+        trainer: the ``Trainer`` whose checkpoint is written.
+        kill_wait: seconds between SIGTERM and the request.
+    """
+
+    def __init__(self, trainer: Any, kill_wait: int = 3):
+        self.trainer, self.kill_wait = trainer, kill_wait
+        self.is_checkpoint_requested = False
+        self._original_sigterm_handler = None
+
+    def setup_signal_handler(self) -> None:
+        self._original_sigterm_handler = signal.signal(signal.SIGTERM, self._sigterm_handler)
+
+    def _sigterm_handler(self, signum, frame) -> None:
+        import threading
+
+        if not self.is_checkpoint_requested:
+            threading.Timer(self.kill_wait, self._enable_checkpoint).start()
+
+    def _enable_checkpoint(self) -> None:
+        self.is_checkpoint_requested = True
+
+    def execute_jit_checkpoint(self) -> Path:
+        """Write ``checkpoint-{global_step}`` now; returns its folder."""
+        self.is_checkpoint_requested = False
+        logger.warning("saving a just-in-time checkpoint at step %d", self.trainer.state.global_step)
+        return self.trainer._save_checkpoint(self.trainer.model)

@@ -637,11 +637,14 @@ class IterableShard(IterableDataset):
             self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
+        return self._shard(iter(self.dataset))
+
+    def _shard(self, samples: Iterator[Any]) -> Iterator[Any]:
         size = self.batch_size * self.world_size
         mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
         head: list = []  # the stream's first samples, to complete a short last batch
         buffer: list = []
-        for sample in self.dataset:
+        for sample in samples:
             buffer.append(sample)
             if len(head) < size:
                 head.append(sample)
@@ -652,6 +655,138 @@ class IterableShard(IterableDataset):
             while len(buffer) < size:
                 buffer += head[: size - len(buffer)]
             yield from buffer[mine]
+
+
+class IterableDatasetShard(IterableShard):
+    """``IterableShard`` with transformers' signature: ``IterableDatasetShard(dataset, batch_size=1,
+    drop_last=False, num_processes=1, process_index=0, seed=0)``.
+
+    Also as in transformers: ``set_epoch(e)`` reseeds a ``torch.Generator`` found at ``dataset.generator``
+    with ``seed + e`` (when the dataset has no ``set_epoch`` of its own), so every process shuffles alike;
+    ``num_examples`` counts the samples read from the dataset in the current pass; ``len()`` is this
+    process's sample count when the dataset has a length.
+
+    Example:
+        >>> list(IterableDatasetShard(range(12), batch_size=2, num_processes=2, process_index=1))
+        [2, 3, 6, 7, 10, 11]
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
+                 process_index: int = 0, seed: int = 0):
+        super().__init__(dataset, batch_size, process_index, num_processes, drop_last)
+        self.num_processes, self.process_index, self.seed = num_processes, process_index, seed
+        self.epoch = self.num_examples = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        super().set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.num_examples = 0
+        generator = getattr(self.dataset, "generator", None)
+        if not callable(getattr(self.dataset, "set_epoch", None)) and isinstance(generator, torch.Generator):
+            generator.manual_seed(self.seed + self.epoch)
+
+        def counted() -> Iterator[Any]:
+            for sample in self.dataset:
+                self.num_examples += 1
+                yield sample
+
+        return self._shard(counted())
+
+    def __len__(self) -> int:
+        size = self.batch_size * self.num_processes
+        batches = len(self.dataset) // size if self.drop_last else -(-len(self.dataset) // size)
+        return batches * self.batch_size
+
+
+class ShardSampler(Sampler[int]):
+    """Dataset order, sharded batch by batch: of every ``batch_size * num_processes`` indices, process ``p``
+    takes the ``p``-th run of ``batch_size``; the order is completed by wrapping around so every process
+    gets whole batches (transformers' evaluation sampler). Without ``drop_last`` the last global batch is
+    completed from the start; with it, dropped.
+
+    Example:
+        >>> list(ShardSampler(range(10), batch_size=2, num_processes=2, process_index=1))
+        [2, 3, 6, 7, 0, 1]
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
+                 process_index: int = 0):
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+        self.num_processes, self.process_index = num_processes, process_index
+        self.total_batch_size = batch_size * num_processes
+        full, rest = divmod(len(dataset), self.total_batch_size)
+        self.total_num_samples = (full if drop_last or not rest else full + 1) * self.total_batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.dataset)
+        order = [i % n for i in range(self.total_num_samples)]  # wraps around, as often as a tiny dataset needs
+        for start in range(self.process_index * self.batch_size, self.total_num_samples, self.total_batch_size):
+            yield from order[start : start + self.batch_size]
+
+    def __len__(self) -> int:
+        return self.total_num_samples // self.num_processes
+
+
+def _distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """torch.distributed's world size and rank for the ones not given (it must then be initialised)."""
+    if num_replicas is None or rank is None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("num_replicas and rank are needed when torch.distributed is not initialised; pass both")
+        num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+        rank = dist.get_rank() if rank is None else rank
+    return num_replicas, rank
+
+
+class DistributedSamplerWithLoop(torch.utils.data.DistributedSampler):
+    """torch's ``DistributedSampler`` whose share is completed to a multiple of ``batch_size`` by looping
+    back over the share's start (its first index skipped when it was itself a wrap-around repeat);
+    transformers' signature ``(dataset, batch_size, **kwargs)``."""
+
+    def __init__(self, dataset: Any, batch_size: int, **kwargs: Any):
+        super().__init__(dataset, **kwargs)
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        share = list(super().__iter__())
+        missing = -len(share) % self.batch_size
+        wrapped = 1 if self.rank < len(self.dataset) % self.num_replicas else 0  # torch padded this share with a repeat
+        return iter(share + share[wrapped : wrapped + missing])
+
+
+class DistributedLengthGroupedSampler(LengthGroupedSampler):
+    """``LengthGroupedSampler`` with transformers' distributed signature: grouped by length over megabatches
+    of ``batch_size``, shuffled with ``seed + epoch``, process ``rank`` taking every ``num_replicas``-th
+    index; ``drop_last`` drops the tail that does not divide evenly instead of repeating samples.
+
+    Example:
+        >>> s = DistributedLengthGroupedSampler(2, lengths=[3, 8, 1, 7, 2, 9], num_replicas=2, rank=0)
+        >>> len(s)
+        3
+    """
+
+    def __init__(self, batch_size: int, dataset: Any = None, num_replicas: int | None = None, rank: int | None = None,
+                 seed: int = 0, drop_last: bool = False, lengths: list[int] | None = None,
+                 model_input_name: str | None = None):
+        if dataset is None and lengths is None:
+            raise ValueError("DistributedLengthGroupedSampler needs lengths=... or a dataset to measure")
+        num_replicas, rank = _distributed_defaults(num_replicas, rank)
+        super().__init__(batch_size, dataset, lengths, model_input_name, seed=seed, rank=rank, world_size=num_replicas)
+        self.num_replicas, self.drop_last = num_replicas, drop_last
+        n = len(self.lengths)
+        self.num_samples = -(-(n - num_replicas) // num_replicas) if drop_last and n % num_replicas else -(-n // num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def __len__(self) -> int:
+        return max(self.num_samples - self.skip, 0)
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._order()
+        order = (order + order[: self.total_size - len(order)]) if self.total_size > len(order) else order[: self.total_size]
+        return iter(order[self.rank : self.total_size : self.num_replicas][self.skip :])
 
 
 def stateful_stream(dataloader: DataLoader | None) -> Any:
@@ -853,6 +988,10 @@ __all__ = [
     "drop_unused_columns",
     "forward_arguments",
     "IterableShard",
+    "IterableDatasetShard",
+    "ShardSampler",
+    "DistributedSamplerWithLoop",
+    "DistributedLengthGroupedSampler",
     "TokenCounter",
     "split_batches",
     "count_items",

@@ -58,15 +58,15 @@ def batch_rows(inputs: Any) -> int:
     return int(first.shape[0]) if first is not None and getattr(first, "ndim", 0) > 0 else 1
 
 
-def _concat_all(chunks: list) -> Any:
+def _concat_all(chunks: list, padding_index: int = PAD_INDEX) -> Any:
     """Concatenate nested arrays along dim 0 in one allocation, padding dim 1 with -100 when lengths differ."""
     first = chunks[0]
     if first is None:
         return None
     if isinstance(first, Mapping):
-        return type(first)({k: _concat_all([c[k] for c in chunks]) for k in first})
+        return type(first)({k: _concat_all([c[k] for c in chunks], padding_index) for k in first})
     if isinstance(first, (tuple, list)):
-        return type(first)(_concat_all([c[i] for c in chunks]) for i in range(len(first)))
+        return type(first)(_concat_all([c[i] for c in chunks], padding_index) for i in range(len(first)))
     # Written batch by batch into one torch buffer, each batch dropped once copied so its memory can
     # be given back. (np.concatenate's result made compute_metrics' first pass over it several times
     # slower on this machine: lazily touched huge pages; benchmarks/bench_eval.py measured 1.53x -> 1.02x.)
@@ -79,11 +79,89 @@ def _concat_all(chunks: list) -> Any:
         chunks[i] = None  # the caller's list too: its memory goes back as the buffer fills
         block = out[row : row + batch.shape[0]]
         if width is not None and batch.shape[1] < width:
-            block[:, batch.shape[1] :] = PAD_INDEX
+            block[:, batch.shape[1] :] = padding_index
             block = block[:, : batch.shape[1]]
         block.copy_(batch)
         row += batch.shape[0]
     return out.numpy()
+
+
+def numpy_pad_and_concatenate(array1: Any, array2: Any, padding_index: int = PAD_INDEX) -> np.ndarray:
+    """Two arrays concatenated along dim 0, the narrower padded on dim 1 with ``padding_index`` (transformers' helper).
+
+    Example:
+        >>> numpy_pad_and_concatenate(np.ones((1, 2)), np.zeros((1, 3))).tolist()
+        [[1.0, 1.0, -100.0], [0.0, 0.0, 0.0]]
+    """
+    return _concat_all([np.atleast_1d(array1), np.atleast_1d(array2)], padding_index)
+
+
+def torch_pad_and_concatenate(tensor1: torch.Tensor, tensor2: torch.Tensor, padding_index: int = PAD_INDEX) -> torch.Tensor:
+    """The torch version of ``numpy_pad_and_concatenate``, on the tensors' device."""
+    tensor1, tensor2 = torch.atleast_1d(tensor1), torch.atleast_1d(tensor2)
+    if tensor1.dim() == 1 or tensor1.shape[1] == tensor2.shape[1]:
+        return torch.cat((tensor1, tensor2), dim=0)
+    width = max(tensor1.shape[1], tensor2.shape[1])
+    out = tensor1.new_full((tensor1.shape[0] + tensor2.shape[0], width, *tensor1.shape[2:]), padding_index)
+    out[: tensor1.shape[0], : tensor1.shape[1]] = tensor1
+    out[tensor1.shape[0] :, : tensor2.shape[1]] = tensor2
+    return out
+
+
+def nested_concat(tensors: Any, new_tensors: Any, padding_index: int = PAD_INDEX) -> Any:
+    """Concatenate two equally nested tuples/lists/dicts of tensors or arrays, padding dim 1."""
+    if isinstance(tensors, Mapping):
+        return type(tensors)({k: nested_concat(v, new_tensors[k], padding_index) for k, v in tensors.items()})
+    if isinstance(tensors, (tuple, list)):
+        return type(tensors)(nested_concat(t, n, padding_index) for t, n in zip(tensors, new_tensors))
+    if torch.is_tensor(tensors):
+        return torch_pad_and_concatenate(tensors, new_tensors, padding_index)
+    return numpy_pad_and_concatenate(tensors, new_tensors, padding_index)
+
+
+class EvalLoopContainer:
+    """Predictions of an evaluation loop, kept as tensors until ``to_cpu_and_numpy`` (transformers' container).
+
+    Args:
+        do_nested_concat: concatenate each added batch (padding dim 1); False keeps a list of batches.
+        padding_index: the value that pads shorter batches.
+
+    Example:
+        >>> c = EvalLoopContainer(); c.add(torch.ones(2, 2)); c.add(torch.zeros(1, 3)); c.get_arrays().shape
+        (3, 3)
+    """
+
+    def __init__(self, do_nested_concat: bool = True, padding_index: int = PAD_INDEX):
+        self.do_nested_concat, self.padding_index = do_nested_concat, padding_index
+        self.tensors: Any = None  # on the device, since the last move to the CPU
+        self.arrays: Any = None  # numpy, on the CPU
+
+    def add(self, tensors: Any) -> None:
+        """Append one batch (a tensor or nested tensors)."""
+        if self.tensors is None:
+            self.tensors = tensors if self.do_nested_concat else [tensors]
+        elif self.do_nested_concat:
+            self.tensors = nested_concat(self.tensors, tensors, self.padding_index)
+        else:
+            self.tensors.append(tensors)
+
+    def to_cpu_and_numpy(self) -> None:
+        """Move what was added since the last call to the CPU as numpy arrays (frees the device copies)."""
+        if self.tensors is None:
+            return
+        arrays = _map(_to_numpy, self.tensors)
+        if self.arrays is None:
+            self.arrays = arrays
+        elif self.do_nested_concat:
+            self.arrays = nested_concat(self.arrays, arrays, self.padding_index)
+        else:
+            self.arrays.extend(arrays)
+        self.tensors = None
+
+    def get_arrays(self) -> Any:
+        """Everything added, as numpy arrays."""
+        self.to_cpu_and_numpy()
+        return self.arrays
 
 
 def _to_numpy(t: Any) -> Any:

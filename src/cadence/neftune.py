@@ -56,3 +56,19 @@ def activate(model: nn.Module, alpha: float) -> RemovableHandle:
         return output + torch.empty_like(output).uniform_(-bound, bound)
 
     return input_embeddings(model).register_forward_hook(add_noise)
+
+
+def activate_neftune(model: nn.Module, neftune_noise_alpha: float, accelerator=None) -> RemovableHandle:
+    """``activate`` with transformers' signature: unwraps the model through ``accelerator`` first when given.
+
+    Returns:
+        The hook's handle; ``handle.remove()`` (or ``deactivate_neftune``) switches the noise off.
+    """
+    if accelerator is not None:
+        model = accelerator.unwrap_model(model)
+    return activate(model, neftune_noise_alpha)
+
+
+def deactivate_neftune(model: nn.Module, hook_handle: RemovableHandle, accelerator=None) -> None:
+    """Remove the noise hook ``activate_neftune`` returned (transformers' signature)."""
+    hook_handle.remove()

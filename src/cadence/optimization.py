@@ -57,10 +57,12 @@ __all__ = [
     "get_linear_schedule_with_warmup",
     "get_optimizer_cls_and_kwargs",
     "get_parameter_groups",
+    "get_parameter_names",
     "get_polynomial_decay_schedule_with_warmup",
     "get_reduce_on_plateau_schedule",
     "get_scheduler",
     "get_wsd_schedule",
+    "is_optimizer_factory",
     "parse_optim_args",
 ]
 
@@ -1044,14 +1046,36 @@ def get_decay_parameter_names(model: nn.Module) -> list[str]:
         >>> get_decay_parameter_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)))
         ['0.weight']
     """
+    return get_parameter_names(model, [nn.LayerNorm], _NO_DECAY_NAME_PATTERNS)
+
+
+def get_parameter_names(model: nn.Module, forbidden_layer_types: Iterable[type],
+                        forbidden_layer_names: Iterable[str | re.Pattern] | None = None) -> list[str]:
+    """Names of the parameters outside modules of ``forbidden_layer_types`` whose lower-cased dotted name
+    matches none of ``forbidden_layer_names`` (regular expressions, searched); transformers' helper.
+
+    Args:
+        model: the model.
+        forbidden_layer_types: module classes whose parameters (at any depth) are left out.
+        forbidden_layer_names: patterns; a parameter whose name matches one is left out.
+
+    Returns:
+        Dotted names, children before a module's own parameters (transformers' order).
+
+    Example:
+        >>> get_parameter_names(torch.nn.Sequential(torch.nn.Linear(2, 2)), [], ["bias"])
+        ['0.weight']
+    """
+    forbidden_types = tuple(forbidden_layer_types)
+    patterns = [re.compile(p) if isinstance(p, str) else p for p in forbidden_layer_names or ()]
     names: list[str] = []
 
-    def visit(module: nn.Module, prefix: str, in_layernorm: bool) -> None:
+    def visit(module: nn.Module, prefix: str, forbidden: bool) -> None:
         for child_name, child in module.named_children():
-            visit(child, f"{prefix}{child_name}.", in_layernorm or isinstance(child, nn.LayerNorm))
-        for name in module._parameters:  # own parameters, after the children (transformers' order)
+            visit(child, f"{prefix}{child_name}.", forbidden or isinstance(child, forbidden_types))
+        for name in module._parameters:  # own parameters, after the children
             full = prefix + name
-            if not in_layernorm and not any(p.search(full.lower()) for p in _NO_DECAY_NAME_PATTERNS):
+            if not forbidden and not any(p.search(full.lower()) for p in patterns):
                 names.append(full)
 
     visit(model, "", False)
@@ -1300,6 +1324,17 @@ def check_optimizer(name: str) -> None:
         raise ValueError(_not_built_message(name))
     if name in _OPTIONAL_PACKAGES:
         _require_package(name)
+
+
+def is_optimizer_factory(optimizer_cls_or_factory: Any) -> bool:
+    """Whether an optimizer handler returned a factory (any callable that builds the optimizer from the
+    model, e.g. for Muon-style optimizers) rather than a ``torch.optim.Optimizer`` subclass.
+
+    Example:
+        >>> is_optimizer_factory(torch.optim.AdamW), is_optimizer_factory(lambda model: None)
+        (False, True)
+    """
+    return not (isinstance(optimizer_cls_or_factory, type) and issubclass(optimizer_cls_or_factory, torch.optim.Optimizer))
 
 
 def get_optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:

@@ -9,8 +9,10 @@ and save (``DefaultFlowCallback``); the Trainer acts on their requests.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import inspect
+import json
 import logging
 import math
 import os
@@ -241,6 +243,7 @@ class Trainer:
         if args.activation_checkpointing:
             activation_checkpointing.check(self.model)
         peft_support.check_trainable(self.model)  # a quantized model needs adapters to train
+        self._refuse_ignored_overrides()
 
     @staticmethod
     def _accepts_loss_kwargs(model: nn.Module) -> bool:
@@ -372,9 +375,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ optimizer and scheduler
 
-    def create_optimizer(self) -> torch.optim.Optimizer:
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         if self.optimizer is None:
-            self.optimizer = optimization.create_optimizer(self.model, self.args, self.optimizer_cls_and_kwargs)
+            model = model if model is not None else self.model  # transformers 5's optional argument
+            self.optimizer = optimization.create_optimizer(model, self.args, self.optimizer_cls_and_kwargs)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
@@ -679,14 +683,20 @@ class Trainer:
         return resume
 
     def _log_run_header(self, max_steps: int, batches_per_epoch: int | None) -> None:
+        """transformers' header, line for line: log readers and tools grep for this wording."""
         args = self.args
-        total = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
-        logger.info(
-            "training: %s examples, %d optimizer steps, batch %d per device x %d accumulation x %d processes = %d, %s trainable parameters",
-            len(self.train_dataset) if has_length(self.train_dataset) else "?",
-            max_steps, args.train_batch_size, args.gradient_accumulation_steps, args.world_size, total,
-            f"{sum(p.numel() for p in self.model.parameters() if p.requires_grad):,}",
-        )
+        ga = args.gradient_accumulation_steps
+        examples = f"{len(self.train_dataset):,}" if has_length(self.train_dataset) else "Unknown"
+        per_epoch = f"{max(math.ceil(batches_per_epoch / ga), 1):,}" if batches_per_epoch else "Unknown"
+        logger.info("***** Running training *****")
+        logger.info(f"  Num examples = {examples}")
+        logger.info(f"  Num Epochs = {self.state.num_train_epochs:,}")
+        logger.info(f"  Num update steps per epoch = {per_epoch}")
+        logger.info(f"  Instantaneous batch size per device = {args.per_device_train_batch_size:,}")
+        logger.info(f"  Total train batch size (w. parallel, distributed & accumulation) = {self.get_total_train_batch_size(args):,}")
+        logger.info(f"  Gradient Accumulation steps = {ga}")
+        logger.info(f"  Total optimization steps = {max_steps:,}")
+        logger.info(f"  Number of trainable parameters = {self.get_num_trainable_parameters():,}")
 
     def _finish_training(self, running: _RunningLoss, start_time: float) -> TrainOutput:
         running.fold()
@@ -935,6 +945,8 @@ class Trainer:
         stateful = [cb for cb in [*self.callback_handler.callbacks, self.control] if isinstance(cb, ExportableState)]
         self.state.stateful_callbacks = TrainerState(stateful_callbacks=stateful).stateful_callbacks
         if args.should_save:
+            logger.info(f"Saving model checkpoint to {folder}")
+
             def write(tmp: Path) -> None:
                 checkpoint.save_model_weights(self.backend.unwrap(self.model), tmp, self.processing_class)
                 if not args.save_only_model:
@@ -968,6 +980,7 @@ class Trainer:
         """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save:
+            logger.info(f"Saving model checkpoint to {output_dir}")
             checkpoint.save_model_weights(self.backend.unwrap(self.model), output_dir, self.processing_class)
             torch.save(self.args.to_dict(), Path(output_dir) / checkpoint.TRAINING_ARGS_NAME)
         self.backend.barrier()
@@ -1042,6 +1055,9 @@ class Trainer:
             model = self.backend.cast_for_eval(model)
         model.eval()
         self.callback_handler.eval_dataloader = dataloader
+        logger.info(f"\n***** Running {description} *****")  # transformers' wording, which tools grep for
+        logger.info(f"  Num examples = {self.num_examples(dataloader)}" if has_length(dataloader.dataset) else "  Num examples: Unknown")
+        logger.info(f"  Batch size = {args.eval_batch_size}")
         per_batch = args.batch_eval_metrics  # compute_metrics per batch; evaluation then keeps nothing
         keep = not per_batch or description == "Prediction"  # predict() returns the predictions regardless
         is_padding = evaluation.padding_marker(dataloader)
@@ -1131,3 +1147,209 @@ class Trainer:
         logits = evaluation.outputs_to_logits(outputs, skip, has_labels)
         return loss, logits, labels
 
+    # ------------------------------------------------------------------ Script-facing helpers
+    # What scripts call around train()/evaluate(), with transformers' names, signatures and files.
+
+    def is_world_process_zero(self) -> bool:
+        """Whether this is the main process of the whole run (global rank 0)."""
+        return self.args.process_index == 0
+
+    def is_local_process_zero(self) -> bool:
+        """Whether this is the main process of its node (local rank 0)."""
+        return self.args.local_process_index == 0
+
+    @staticmethod
+    def metrics_format(metrics: dict[str, float]) -> dict[str, Any]:
+        """Metrics for reading: runtimes as ``h:mm:ss.cc``, ``total_flos`` in GF, memory in MB, floats to 4 decimals.
+
+        Example:
+            >>> Trainer.metrics_format({"train_runtime": 62.5, "train_loss": 1.234567})
+            {'train_runtime': '0:01:02.50', 'train_loss': 1.2346}
+        """
+        formatted: dict[str, Any] = {}
+        for key, value in metrics.items():
+            if "_mem_" in key:
+                formatted[key] = f"{value >> 20}MB"
+            elif "_runtime" in key:
+                whole = int(value)
+                formatted[key] = f"{datetime.timedelta(seconds=whole)}.{int(abs(value - whole) * 100):02d}"
+            elif key == "total_flos":
+                formatted[key] = f"{int(value) >> 30}GF"
+            else:
+                formatted[key] = round(value, 4) if isinstance(value, float) else value
+        return formatted
+
+    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
+        """Print ``metrics`` as an aligned table headed ``***** {split} metrics *****`` (main process only).
+
+        Args:
+            split: ``"train"``, ``"eval"``, ``"test"``, ...
+            metrics: what ``train().metrics``, ``evaluate()`` or ``predict().metrics`` returned.
+        """
+        if not self.is_world_process_zero():
+            return
+        print(f"***** {split} metrics *****")
+        formatted = self.metrics_format(metrics)
+        key_width = max((len(str(k)) for k in formatted), default=0)
+        value_width = max((len(str(v)) for v in formatted.values()), default=0)
+        for key in sorted(formatted):
+            print(f"  {key: <{key_width}} = {formatted[key]:>{value_width}}")
+
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """Write ``{output_dir}/{split}_results.json`` and, with ``combined``, merge into ``all_results.json``
+        (main process only; JSON with 4-space indent and sorted keys, as transformers writes them).
+
+        Example:
+            >>> trainer.save_metrics("eval", trainer.evaluate())
+        """
+        if not self.is_world_process_zero():
+            return
+        out = Path(self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{split}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True), encoding="utf-8")
+        if combined:
+            path = out / "all_results.json"
+            merged = {**(json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}), **metrics}
+            path.write_text(json.dumps(merged, indent=4, sort_keys=True), encoding="utf-8")
+
+    def save_state(self) -> None:
+        """Write ``TrainerState`` to ``{output_dir}/trainer_state.json`` (main process only)."""
+        if not self.is_world_process_zero():
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        self.state.save_to_json(os.path.join(self.args.output_dir, checkpoint.TRAINER_STATE_NAME))
+
+    def create_model_card(self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,
+                          model_name: str | None = None, finetuned_from: str | None = None, tasks: str | list[str] | None = None,
+                          dataset_tags: str | list[str] | None = None, dataset: str | list[str] | None = None,
+                          dataset_args: str | list[str] | None = None) -> None:
+        """Write a draft model card, ``{output_dir}/README.md``, from the run's hyperparameters, evaluation
+        results and ``log_history`` (main process only; nothing is downloaded).
+
+        Args:
+            language, license, tags: card metadata (``generated_from_trainer`` is always among the tags).
+            model_name: the title (default: the name of ``output_dir``).
+            finetuned_from: the base model (default: the model config's ``_name_or_path`` when it is a Hub name).
+            tasks, dataset_tags, dataset, dataset_args: transformers' arguments; datasets are named in the text.
+        """
+        if not self.is_world_process_zero():
+            return
+        from .model_card import model_card
+
+        text = model_card(self, language=language, license=license, tags=tags, model_name=model_name,
+                          finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags, dataset=dataset,
+                          dataset_args=dataset_args)
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        Path(self.args.output_dir, "README.md").write_text(text, encoding="utf-8")
+
+    def num_examples(self, dataloader: DataLoader) -> int:
+        """Samples behind ``dataloader``: its dataset's length, else batches x the per-device batch size."""
+        dataset = getattr(dataloader, "dataset", None)
+        if isinstance(dataset, data.IterableShard):
+            dataset = dataset.dataset
+        if has_length(dataset):
+            return len(dataset)
+        return len(dataloader) * self.args.per_device_train_batch_size
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of the parameters weight decay applies to (not biases, not norm layers; transformers' rule)."""
+        return optimization.get_decay_parameter_names(model)
+
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
+        """The optimizer class and its keyword arguments for ``args.optim`` (transformers' static method)."""
+        return optimization.get_optimizer_cls_and_kwargs(args, model)
+
+    def store_flos(self) -> None:
+        """Kept for transformers' API: cadence adds every process's FLOPs to ``state.total_flos`` at each log,
+        save and at the end of ``train()``, so there is nothing pending to store."""
+
+    def get_num_trainable_parameters(self) -> int:
+        """Elements of the parameters that require a gradient."""
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    def get_learning_rates(self) -> list[float]:
+        """The current learning rate of each optimizer parameter group."""
+        self._require_optimizer()
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_optimizer_group(self, param: str | nn.Parameter | None = None) -> dict[str, Any] | list[list[nn.Parameter]]:
+        """The optimizer group holding ``param`` (a parameter or its name in the model); without one, every
+        group's parameter list.
+
+        Example:
+            >>> trainer.create_optimizer(); trainer.get_optimizer_group("lin.bias")["weight_decay"]
+            0.0
+        """
+        self._require_optimizer()
+        if isinstance(param, str):
+            named = dict(self.backend.unwrap(self.model).named_parameters())
+            if param not in named:
+                raise ValueError(f"get_optimizer_group({param!r}): the model has no parameter of that name; "
+                                 f"its parameters are {sorted(named)[:8]}{' ...' if len(named) > 8 else ''}")
+            param = named[param]
+        if param is not None:
+            for group in self.optimizer.param_groups:
+                if any(p is param for p in group["params"]):  # identity: == on tensors compares values
+                    return group
+        return [group["params"] for group in self.optimizer.param_groups]
+
+    def _require_optimizer(self) -> None:
+        if self.optimizer is None:
+            raise ValueError("the Trainer has no optimizer yet: call trainer.create_optimizer() (or train()) first")
+
+    def get_total_train_batch_size(self, args: TrainingArguments) -> int:
+        """Samples per optimizer step over all processes: per-device batch x accumulation x processes."""
+        return args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+
+    def get_sp_size(self) -> int:
+        """Sequence-parallel size: 1 (cadence splits data only, never sequences)."""
+        return 1
+
+    def get_cp_size(self) -> int:
+        """Context-parallel size: 1 (cadence has no context parallelism)."""
+        return 1
+
+    def get_tp_size(self) -> int:
+        """Tensor-parallel size: 1 (cadence has no tensor parallelism)."""
+        return 1
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        """The forward's mixed-precision context (the same as ``compute_loss_context_manager``)."""
+        return self.backend.autocast()
+
+    def end(self) -> None:
+        """Destroy the process group at the very end of a script (after the last train/evaluate/save)."""
+        self.backend.end()
+
+    # transformers' loop calls these; cadence's does not, so an override would be silently ignored: refused
+    _NOT_CALLED_BY_CADENCE = ("create_accelerator_and_postprocess", "set_initial_training_values", "get_batch_samples")
+
+    def _refuse_ignored_overrides(self) -> None:
+        for name in self._NOT_CALLED_BY_CADENCE:
+            if getattr(type(self), name) is not getattr(Trainer, name):
+                raise TypeError(
+                    f"{type(self).__name__} overrides {name}(), which cadence's training loop never calls, so the "
+                    f"override would be silently ignored; move that logic elsewhere ({getattr(Trainer, name).__doc__})"
+                )
+
+    def create_accelerator_and_postprocess(self) -> None:
+        """cadence builds its accelerate objects from TrainingArguments (ddp_* fields) in backend.Backend."""
+        raise NotImplementedError(
+            "cadence creates its accelerate objects in backend.Backend (from TrainingArguments) when the Trainer is "
+            "built; there is nothing to recreate. Set the ddp_* arguments instead"
+        )
+
+    def set_initial_training_values(self, args: TrainingArguments, dataloader: DataLoader):
+        """cadence computes step counts inside train(); read state.max_steps / num_train_epochs in on_train_begin."""
+        raise NotImplementedError(
+            "cadence computes the step counts inside train() (Trainer._step_counts: max_steps, epochs, batches per "
+            "epoch); read trainer.state.max_steps / num_train_epochs after train() starts, e.g. in on_train_begin"
+        )
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
+        """cadence counts a step's items itself; to change the loss, override compute_loss or pass compute_loss_func."""
+        raise NotImplementedError(
+            "cadence's loop takes each optimizer step's batches and counts their items itself (loss.window_items, "
+            "over all processes); to change the loss, override compute_loss or pass compute_loss_func"
+        )

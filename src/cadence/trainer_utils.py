@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import time
 from collections.abc import Callable
 from enum import Enum
@@ -189,6 +190,90 @@ def sorted_checkpoints(folder: str | os.PathLike) -> list[Path]:
         if match and (path / _COMPLETE_MARKER).is_file():
             steps[int(match.group(1))] = path
     return [steps[step] for step in sorted(steps)]
+
+
+def sort_checkpoints(output_dir: str | os.PathLike, checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR, use_mtime: bool = False,
+                     best_model_checkpoint: str | None = None) -> list[str]:
+    """The ``{checkpoint_prefix}-N`` folders in ``output_dir``, oldest first (transformers' helper).
+
+    Args:
+        output_dir: the folder holding the checkpoints.
+        checkpoint_prefix: the folder-name prefix.
+        use_mtime: order by modification time (falls back to N when all lie within one second, as on
+            filesystems that fake mtimes).
+        best_model_checkpoint: moved to second-to-last, so a rotation that deletes from the front keeps it
+            and the newest stays last.
+
+    Returns:
+        Paths as strings, ``os.path.join(output_dir, name)``-style.
+
+    Example:
+        >>> sort_checkpoints("out")  # doctest: +SKIP
+        ['out/checkpoint-500', 'out/checkpoint-1000']
+    """
+    pattern = re.compile(rf"^{re.escape(checkpoint_prefix)}-(\d+)$")
+    found = [(int(m.group(1)), str(path)) for path in Path(output_dir).iterdir()
+             if path.is_dir() and (m := pattern.match(path.name))]
+    if use_mtime and len(found) > 1:
+        by_time = sorted((os.path.getmtime(path), path) for _, path in found)
+        if by_time[-1][0] - by_time[0][0] >= 1.0:
+            found = by_time
+        else:
+            logger.warning("checkpoint modification times lie within one second (unreliable here): ordering by step")
+    ordered = [path for _, path in sorted(found)]
+    best = str(Path(best_model_checkpoint)) if best_model_checkpoint is not None else None
+    if best in ordered and ordered[-1] != best:
+        ordered.remove(best)
+        ordered.insert(len(ordered) - 1, best)
+    return ordered
+
+
+def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | None = None,
+                       best_model_checkpoint: str | None = None, use_mtime: bool = False,
+                       checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR) -> None:
+    """Delete the oldest checkpoints beyond ``save_total_limit``, never the newest nor the best (transformers'
+    helper; the Trainer's own rotation is ``checkpoint.rotate_checkpoints``, which also spares the one just written).
+
+    Args:
+        output_dir: the folder holding the checkpoints.
+        save_total_limit: how many to keep; None or <= 0 keeps all.
+        best_model_checkpoint: a checkpoint that is never deleted.
+        use_mtime, checkpoint_prefix: see ``sort_checkpoints``.
+    """
+    if save_total_limit is None or save_total_limit <= 0:
+        return
+    ordered = sort_checkpoints(output_dir, checkpoint_prefix, use_mtime)
+    keep = {ordered[-1]} if ordered else set()
+    if best_model_checkpoint is not None:
+        keep.add(str(Path(best_model_checkpoint)))
+    excess = len(ordered) - max(save_total_limit, len(keep))
+    for path in [p for p in ordered if p not in keep][: max(excess, 0)]:
+        logger.info(f"Deleting older checkpoint [{path}] due to args.save_total_limit")
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def check_target_module_exists(optim_target_modules: str | list[str], key: str, return_is_regex: bool = False):
+    """Whether the module name ``key`` is one of ``optim_target_modules`` (transformers' rule).
+
+    A string is a regular expression that must match the whole name. A list matches when ``key`` is
+    in it, contains one of its entries, or fully matches one of them as a regular expression.
+
+    Returns:
+        The match (bool), or ``(match, is_regex)`` with ``return_is_regex``; ``is_regex`` says the match
+        came from a pattern rather than a name.
+
+    Example:
+        >>> check_target_module_exists(["attn", "mlp"], "model.layers.0.mlp.up_proj")
+        True
+    """
+    if isinstance(optim_target_modules, str):
+        found, is_regex = re.fullmatch(optim_target_modules, key) is not None, optim_target_modules != key
+    elif key in optim_target_modules or any(target in key for target in optim_target_modules):
+        found, is_regex = True, False
+    else:
+        found = any(re.fullmatch(target, key) is not None for target in optim_target_modules)
+        is_regex = found
+    return (found, is_regex) if return_is_regex else found
 
 
 # --------------------------------------------------------------------------------------------
@@ -462,8 +547,21 @@ def find_executable_batch_size(
     return run_with_fitting_batch_size
 
 
+def __getattr__(name: str) -> Any:
+    # the collator lives in data.py; read on first use so this module stays free of cadence imports
+    if name == "RemoveColumnsCollator":
+        from .data import RemoveColumnsCollator
+
+        return RemoveColumnsCollator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "PREFIX_CHECKPOINT_DIR",
+    "RemoveColumnsCollator",
+    "check_target_module_exists",
+    "rotate_checkpoints",
+    "sort_checkpoints",
     "EvalLoopOutput",
     "EvalPrediction",
     "HubStrategy",

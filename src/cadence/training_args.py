@@ -14,6 +14,7 @@ Every ValueError names the field, the bad value and the fix. Nothing is silently
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -82,6 +83,17 @@ class OptimizerNames(_StrEnum):
     APOLLO_ADAMW = "apollo_adamw"
     APOLLO_ADAMW_LAYERWISE = "apollo_adamw_layerwise"
     STABLE_ADAMW = "stable_adamw"
+
+
+class ParallelMode(Enum):
+    """How this run uses several devices (transformers' values; cadence runs one device per process)."""
+
+    NOT_PARALLEL = "not_parallel"
+    NOT_DISTRIBUTED = "not_distributed"
+    DISTRIBUTED = "distributed"
+    SAGEMAKER_MODEL_PARALLEL = "sagemaker_model_parallel"
+    SAGEMAKER_DATA_PARALLEL = "sagemaker_data_parallel"
+    TPU = "tpu"
 
 
 def _default_optim() -> str:
@@ -654,6 +666,12 @@ class TrainingArguments:
         return 0 if self.device.type == "cpu" else 1
 
     @property
+    def parallel_mode(self) -> ParallelMode:
+        """`DISTRIBUTED` with several processes (one device each), else `NOT_PARALLEL` (cadence never uses
+        `nn.DataParallel`, so `NOT_DISTRIBUTED` does not occur)."""
+        return ParallelMode.DISTRIBUTED if self.world_size > 1 else ParallelMode.NOT_PARALLEL
+
+    @property
     def should_log(self) -> bool:
         """Whether this process logs: the first of each node with log_on_each_node, else global rank 0."""
         return (self.local_process_index if self.log_on_each_node else self.process_index) == 0
@@ -694,6 +712,148 @@ class TrainingArguments:
         if self.warmup_steps >= 1:
             return int(self.warmup_steps)
         return math.ceil(num_training_steps * self.warmup_steps)
+
+    @contextlib.contextmanager
+    def main_process_first(self, local: bool = True, desc: str = "work"):
+        """Run the block on the main process first, then on the others (e.g. `datasets.map`, whose cache
+        the others then read). A real barrier (accelerate's) when there are several processes.
+
+        Args:
+            local: the first process of each node goes first (no shared filesystem); False: only global rank 0.
+            desc: what the block does, for the debug log.
+
+        Example:
+            >>> with args.main_process_first(desc="tokenizing"):
+            ...     dataset = dataset.map(tokenize, batched=True)
+        """
+        if self.world_size <= 1:
+            yield
+            return
+        from .backend import main_process_first
+
+        logger.debug("process %d: %s with the %s going first", self.process_index, desc,
+                     "main process of each node" if local else "main process")
+        with main_process_first(self, local):
+            yield
+
+    # ---------------------------------------------------------------------------------------
+    # Fluent setters (transformers' names and defaults): each sets a group of fields, checks the
+    # result as the constructor does, and returns self.
+    # ---------------------------------------------------------------------------------------
+    def _set(self, **fields: Any) -> TrainingArguments:
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self.__post_init__()  # the same checks and derived defaults as TrainingArguments(...)
+        return self
+
+    def set_training(self, learning_rate: float = 5e-5, batch_size: int = 8, weight_decay: float = 0,
+                     num_epochs: float = 3, max_steps: int = -1, gradient_accumulation_steps: int = 1,
+                     seed: int = 42, activation_checkpointing: bool = False,
+                     gradient_checkpointing: bool | None = None) -> TrainingArguments:
+        """The basic training options; sets `do_train=True`.
+
+        Example:
+            >>> TrainingArguments("out").set_training(learning_rate=1e-4, batch_size=32).per_device_train_batch_size
+            32
+        """
+        checkpointing = activation_checkpointing if gradient_checkpointing is None else gradient_checkpointing
+        return self._set(do_train=True, learning_rate=learning_rate, per_device_train_batch_size=batch_size,
+                         weight_decay=weight_decay, num_train_epochs=num_epochs, max_steps=max_steps,
+                         gradient_accumulation_steps=gradient_accumulation_steps, seed=seed,
+                         activation_checkpointing=checkpointing, gradient_checkpointing=checkpointing)
+
+    def set_evaluate(self, strategy: str | IntervalStrategy = "no", steps: int = 500, batch_size: int = 8,
+                     accumulation_steps: int | None = None, delay: float | None = None,
+                     loss_only: bool = False) -> TrainingArguments:
+        """The evaluation options; `do_eval` follows the strategy. `delay=None` means no delay.
+
+        Example:
+            >>> TrainingArguments("out").set_evaluate(strategy="steps", steps=100).eval_steps
+            100
+        """
+        _check_positive_steps(strategy, steps, "set_evaluate")
+        return self._set(eval_strategy=strategy, do_eval=str(strategy) != "no", eval_steps=steps,
+                         per_device_eval_batch_size=batch_size, eval_accumulation_steps=accumulation_steps,
+                         eval_delay=0 if delay is None else delay, prediction_loss_only=loss_only)
+
+    def set_testing(self, batch_size: int = 8, loss_only: bool = False) -> TrainingArguments:
+        """The prediction options; sets `do_predict=True`."""
+        return self._set(do_predict=True, per_device_eval_batch_size=batch_size, prediction_loss_only=loss_only)
+
+    def set_save(self, strategy: str | IntervalStrategy = "steps", steps: int = 500, total_limit: int | None = None,
+                 on_each_node: bool = False) -> TrainingArguments:
+        """The checkpoint options.
+
+        Example:
+            >>> TrainingArguments("out").set_save(strategy="steps", steps=100).save_steps
+            100
+        """
+        _check_positive_steps(strategy, steps, "set_save")
+        return self._set(save_strategy=strategy, save_steps=steps, save_total_limit=total_limit,
+                         save_on_each_node=on_each_node)
+
+    def set_logging(self, strategy: str | IntervalStrategy = "steps", steps: int = 500, report_to: str | list[str] = "none",
+                    level: str = "passive", first_step: bool = False, nan_inf_filter: bool = False,
+                    on_each_node: bool = False, replica_level: str = "passive") -> TrainingArguments:
+        """The logging options (transformers' setter defaults, e.g. `nan_inf_filter=False`).
+
+        Example:
+            >>> TrainingArguments("out").set_logging(strategy="steps", steps=100).logging_steps
+            100
+        """
+        _check_positive_steps(strategy, steps, "set_logging")
+        return self._set(logging_strategy=strategy, logging_steps=steps, report_to=report_to, log_level=level,
+                         logging_first_step=first_step, logging_nan_inf_filter=nan_inf_filter,
+                         log_on_each_node=on_each_node, log_level_replica=replica_level)
+
+    def set_push_to_hub(self, model_id: str, strategy: str | HubStrategy = "every_save", token: str | None = None,
+                        private_repo: bool | None = None, always_push: bool = False,
+                        revision: str | None = None) -> TrainingArguments:
+        """The Hub options; sets `push_to_hub=True`."""
+        return self._set(push_to_hub=True, hub_model_id=model_id, hub_strategy=strategy, hub_token=token,
+                         hub_private_repo=private_repo, hub_always_push=always_push, hub_revision=revision)
+
+    def set_optimizer(self, name: str | OptimizerNames = "adamw_torch", learning_rate: float = 5e-5,
+                      weight_decay: float = 0, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
+                      args: str | None = None) -> TrainingArguments:
+        """The optimizer and its hyperparameters.
+
+        Example:
+            >>> TrainingArguments("out").set_optimizer(name="adamw_torch", beta1=0.8).adam_beta1
+            0.8
+        """
+        return self._set(optim=name, learning_rate=learning_rate, weight_decay=weight_decay, adam_beta1=beta1,
+                         adam_beta2=beta2, adam_epsilon=epsilon, optim_args=args)
+
+    def set_lr_scheduler(self, name: str | SchedulerType = "linear", num_epochs: float = 3.0, max_steps: int = -1,
+                         warmup_steps: float = 0) -> TrainingArguments:
+        """The learning-rate schedule and the run length.
+
+        Example:
+            >>> TrainingArguments("out").set_lr_scheduler(name="cosine", warmup_steps=0.05).warmup_steps
+            0.05
+        """
+        return self._set(lr_scheduler_type=name, num_train_epochs=num_epochs, max_steps=max_steps,
+                         warmup_steps=warmup_steps)
+
+    def set_dataloader(self, train_batch_size: int = 8, eval_batch_size: int = 8, drop_last: bool = False,
+                       num_workers: int = 0, pin_memory: bool = True, persistent_workers: bool = False,
+                       prefetch_factor: int | None = None, multiprocessing_context: str | None = None,
+                       in_order: bool = True, auto_find_batch_size: bool = False, ignore_data_skip: bool = False,
+                       sampler_seed: int | None = None) -> TrainingArguments:
+        """The dataloader options.
+
+        Example:
+            >>> TrainingArguments("out").set_dataloader(train_batch_size=16, eval_batch_size=64).per_device_eval_batch_size
+            64
+        """
+        return self._set(per_device_train_batch_size=train_batch_size, per_device_eval_batch_size=eval_batch_size,
+                         dataloader_drop_last=drop_last, dataloader_num_workers=num_workers,
+                         dataloader_pin_memory=pin_memory, dataloader_persistent_workers=persistent_workers,
+                         dataloader_prefetch_factor=prefetch_factor,
+                         dataloader_multiprocessing_context=multiprocessing_context, dataloader_in_order=in_order,
+                         auto_find_batch_size=auto_find_batch_size, ignore_data_skip=ignore_data_skip,
+                         data_seed=sampler_seed)
 
     # ---------------------------------------------------------------------------------------
     # Serialisation
@@ -1159,6 +1319,11 @@ def _refuse_from_table(args: TrainingArguments, table: dict[str, str], verdict: 
             )
 
 
+def _check_positive_steps(strategy: Any, steps: Any, setter: str) -> None:
+    if str(_plain(strategy)) == "steps" and not steps:
+        raise ValueError(f"{setter}(strategy='steps', steps={steps!r}) is invalid: 'steps' needs steps > 0; pass e.g. steps=500")
+
+
 def _refuse_unbuilt_integrations(args: TrainingArguments) -> None:
     for name in args.report_to:
         if name not in _BUILT_INTEGRATIONS:
@@ -1168,4 +1333,4 @@ def _refuse_unbuilt_integrations(args: TrainingArguments) -> None:
             )
 
 
-__all__ = ["OptimizerNames", "TrainingArguments"]
+__all__ = ["OptimizerNames", "ParallelMode", "TrainingArguments"]
