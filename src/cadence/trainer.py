@@ -165,7 +165,8 @@ class Trainer:
         if model is None:
             if model_init is None:
                 raise ValueError("Trainer needs a model: pass model=... or model_init=... (a function returning one)")
-            model = model_init()
+            from .hyperparameter_search import call_model_init
+            model = call_model_init(model_init, None)  # model_init(None) when it takes a trial, as transformers
         self.model_init = model_init
         self.backend = Backend(args)
         self.model = model.to(self.backend.device)
