@@ -231,21 +231,22 @@ class HubCallback(TrainerCallback):
 
 
 def push_to_hub(trainer, commit_message: str, blocking: bool, token: str | None, revision: str | None, **card_kwargs):
-    """The body of ``Trainer.push_to_hub``: save the model, write the model card, upload ``output_dir``."""
+    """The body of ``Trainer.push_to_hub``: save the model and write the model card (locally, first), then
+    upload ``output_dir``."""
     args = trainer.args
     model_name = card_kwargs.pop("model_name", None)
     if model_name is None:
         model_name = args.hub_model_id.split("/")[-1] if args.hub_model_id else Path(args.output_dir).name
-    repo = trainer.hub_repo
-    if args.should_save and (repo is None or (token is not None and token != repo.token)):
-        repo = trainer.init_hf_repo(token=token)
-    trainer.save_model(_internal_call=True)
+    trainer.save_model(_internal_call=True)  # saved locally first: a Hub that fails loses nothing
     if not args.should_save:  # one process pushes
         return None
     if hasattr(trainer, "create_model_card"):
         trainer.create_model_card(model_name=model_name, **card_kwargs)
     else:
         write_model_card(args.output_dir, model_name, args, trainer.state.log_history, **card_kwargs)
+    repo = trainer.hub_repo
+    if repo is None or (token is not None and token != repo.token):
+        repo = trainer.init_hf_repo(token=token)
     trainer.control = trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
     repo.wait()  # the last checkpoint push lands first
     return repo.upload(args.output_dir, commit_message, blocking=blocking, token=token, revision=revision)
