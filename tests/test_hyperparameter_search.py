@@ -217,3 +217,26 @@ def test_ray_tune_two_trial_local_search(tmp_path, monkeypatch):
     # each trial's checkpoints are in output_dir/run-{trial_id}; the best's last one holds the best objective
     run = tmp_path / "out" / f"run-{best.run_id}"
     assert best.objective == pytest.approx(hand_mse(run / "checkpoint-24"), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_under_torchrun_every_process_trains_process_0s_trials(tmp_path):
+    import json
+    import subprocess
+
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([here, os.path.join(os.path.dirname(here), "src")])}
+    out = str(tmp_path / "hp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+           os.path.join(here, "ddp_hp_worker.py"), out]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    zero, one = (json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1))
+    # each process samples with its own seed, yet both trained process 0's values, trial by trial
+    assert len(zero["trials"]) == 4 and zero["trials"] == one["trials"]
+    assert [t["learning_rate"] for t in zero["trials"]] == [t["trial_params"]["learning_rate"] for t in zero["trials"]]
+    assert [Path(t["output_dir"]).name for t in zero["trials"]] == ["run-0", "run-1", "run-2", "run-3"]
+    # lr=1e-5 trials are pruned at step 4 on both processes together; lr=0.3 ones train all 24 steps
+    assert {t["learning_rate"]: t["steps"] for t in zero["trials"]} == {0.3: 24, 1e-5: 4}
+    assert zero["best"] is not None and one["best"] is None  # transformers: only process 0 returns the best run

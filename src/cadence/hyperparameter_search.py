@@ -155,7 +155,9 @@ class _Start:
         from .backend import Backend
 
         trainer.args = args
-        trainer.backend = Backend(args)
+        # one process: a new backend from the trial's arguments (precision, compile; a fresh loss scaler). Under
+        # torchrun the search's own is kept: an accelerator made again per trial can abort the process at exit
+        trainer.backend = Backend(args) if args.world_size == 1 else self.backend
         trainer.label_smoother = loss.LabelSmoother(args.label_smoothing_factor) if args.label_smoothing_factor else None
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         trainer.control = TrainerControl()
@@ -258,6 +260,10 @@ class OptunaBackend(_SearchBackend):
             backend.broadcast_object(None)  # the search is over
         if not prunable:
             return [BestRun(str(t.number), t.values, t.params, study) for t in study.best_trials]
+        if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+            states = sorted({t.state.name for t in study.trials})
+            raise RuntimeError(f"no trial of study {study.study_name!r} completed (states: {states}), so there is no "
+                               "best run; run more trials, or loosen the pruner")
         best = study.best_trial
         return BestRun(str(best.number), best.value, best.params, study)
 
