@@ -240,3 +240,13 @@ def test_under_torchrun_every_process_trains_process_0s_trials(tmp_path):
     # lr=1e-5 trials are pruned at step 4 on both processes together; lr=0.3 ones train all 24 steps
     assert {t["learning_rate"]: t["steps"] for t in zero["trials"]} == {0.3: 24, 1e-5: 4}
     assert zero["best"] is not None and one["best"] is None  # transformers: only process 0 returns the best run
+
+
+def test_trial_arguments_cast_like_transformers_and_keep_ratios(tmp_path):
+    from cadence.hyperparameter_search import trial_arguments
+
+    base = make_args(tmp_path)
+    args = trial_arguments(base, {"seed": 17.8, "warmup_steps": 0.1, "lr_scheduler_type": "cosine"}, str(tmp_path / "r"))
+    assert args.seed == 17 and isinstance(args.seed, int)  # ray's tune.uniform seed: cast to the field's int
+    assert args.warmup_steps == 0.1  # a float field keeps a ratio (never cast to the default's int)
+    assert args.lr_scheduler_type == "cosine" and args.output_dir == str(tmp_path / "r") and base.seed == 3

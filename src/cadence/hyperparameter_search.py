@@ -99,7 +99,7 @@ def record_trial(trainer, trial: Any) -> None:
 def trial_arguments(args, params: dict[str, Any], output_dir: str):
     """A copy of ``args`` with the trial's values (cast to each field's current type, as transformers does)
     and its own ``output_dir``; the copy is validated like any ``TrainingArguments``."""
-    fields = {f.name for f in dataclasses.fields(args) if f.init}
+    fields = {f.name: str(f.type) for f in dataclasses.fields(args) if f.init}
     changes: dict[str, Any] = {}
     for key, value in params.items():
         if key not in fields:
@@ -113,7 +113,8 @@ def trial_arguments(args, params: dict[str, Any], output_dir: str):
                 f"hp_space returned a nested value for {key!r} ({value!r}), but TrainingArguments.{key} is not a "
                 f"dict: return a flat mapping of field names to values"
             )
-        if current is not None and not isinstance(value, type(current)):
+        numeric_into_float = isinstance(value, (int, float)) and "float" in fields[key]  # e.g. warmup_steps=0.1
+        if current is not None and not isinstance(value, type(current)) and not numeric_into_float:
             value = type(current)(value)  # ray's tune.uniform seed is a float; the field is an int
         changes[key] = value
     return dataclasses.replace(args, output_dir=output_dir, **changes)
