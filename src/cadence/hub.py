@@ -123,7 +123,7 @@ class HubRepo:
                                 include_checkpoints=strategy == HubStrategy.ALL_CHECKPOINTS)]
             if strategy == HubStrategy.CHECKPOINT:
                 jobs.append(self.upload(folder, message + ", checkpoint", blocking=False, path_in_repo="last-checkpoint"))
-            self.in_flight = [(job, message) for job in jobs]
+            self.in_flight += [(job, message) for job in jobs]  # with hub_always_push, behind those in flight
         except Exception as error:  # noqa: BLE001 - a push never stops training
             self._failed(message, error)
 
