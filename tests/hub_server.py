@@ -29,6 +29,7 @@ class HubServer:
         self.branches: list[tuple[str, str]] = []
         self.commits: list[dict] = []  # {"repo", "revision", "message", "files", "time"}
         self.unknown: list[str] = []
+        self.authorizations: set[str | None] = set()  # the Authorization headers seen
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -57,6 +58,8 @@ class HubServer:
                 self.wfile.write(data)
 
             def do_POST(self):
+                with server.lock:
+                    server.authorizations.add(self.headers.get("Authorization"))
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 parts = [unquote(p) for p in urlparse(self.path).path.strip("/").split("/")]
                 if parts == ["api", "repos", "create"]:

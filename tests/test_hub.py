@@ -58,12 +58,14 @@ def test_unreachable_hub_at_push_keeps_the_files_and_says_where(tmp_path):
 def test_push_to_hub_at_end_uploads_output_dir_without_checkpoints(tmp_path):
     out = tmp_path / "out"
     options = {"args": {"max_steps": 8, "save_strategy": "steps", "save_steps": 4, "push_to_hub": True,
-                        "hub_model_id": "tiny-regression", "hub_strategy": "end", "hub_private_repo": True},
+                        "hub_model_id": "tiny-regression", "hub_strategy": "end", "hub_private_repo": True,
+                        "hub_token": "hf_cadence_test"},
                "push": {"commit_message": "final push", "license": "apache-2.0"}}
     with HubServer(tmp_path / "hub") as hub:
         result, _ = run_worker("train", out, options, HF_ENDPOINT=hub.url)
     assert "error" not in result, result
     assert [(r["repo_id"], r["visibility"]) for r in hub.repos] == [("cadence-user/tiny-regression", "private")]
+    assert hub.authorizations == {"Bearer hf_cadence_test"}  # hub_token on every request
     # hub_strategy="end": the checkpoint saves pushed nothing; push_to_hub made one commit on main
     assert [(c["repo"], c["revision"], c["message"]) for c in hub.commits] == [
         ("cadence-user/tiny-regression", "main", "final push")]

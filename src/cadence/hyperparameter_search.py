@@ -157,7 +157,7 @@ class _Start:
 
         trainer.args = args
         # one process: a new backend from the trial's arguments (precision, compile; a fresh loss scaler). Under
-        # torchrun the search's own is kept: an accelerator made again per trial can abort the process at exit
+        # torchrun the search's own is kept: its accelerator and process group are made once per process
         trainer.backend = Backend(args) if args.world_size == 1 else self.backend
         trainer.label_smoother = loss.LabelSmoother(args.label_smoothing_factor) if args.label_smoothing_factor else None
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
