@@ -63,7 +63,7 @@ def test_four_trial_search_best_objective_is_the_retrained_eval_loss(tmp_path):
     args = make_args(tmp_path / "search")
     steps = Steps()
     trainer = Trainer(args=args, model_init=model_init, train_dataset=TRAIN, eval_dataset=EVAL, callbacks=[steps])
-    best = trainer.hyperparameter_search(hp_space=listed(values), n_trials=4, backend="optuna")
+    best = trainer.hyperparameter_search(hp_space=listed(values), n_trials=4, backend="optuna", gc_after_trial=True)
 
     study = best.run_summary
     objectives = [t.value for t in study.trials]
