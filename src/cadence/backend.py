@@ -1,7 +1,7 @@
 """The only module that knows how processes and devices are run (accelerate over torch.distributed).
 
 The loop asks verbs (``prepare_model``, ``no_sync``, ``autocast``, ``backward``, ``clip_grad_norm``,
-``optimizer_step``, ``reduce_mean``, ``gather``, ``unwrap``, ``barrier``) and never asks which engine is
+``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``) and never asks which engine is
 underneath. A single process
 gets no wrapper at all: no DDP module, no optimizer wrapper, no accelerate dataloader; the model
 is only moved to the device. Several processes (``torchrun``/``accelerate launch``) go through
@@ -182,6 +182,14 @@ class Backend:
         if self.accelerator is None:
             return tensor
         return self.accelerator.pad_across_processes(tensor, dim=dim, pad_index=pad_index)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` of process ``src`` on every process (picklable; a collective: every process must call it)."""
+        if self.accelerator is None:
+            return obj
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([obj], from_process=src)[0]
 
     def barrier(self) -> None:
         if self.accelerator is not None:

@@ -169,7 +169,8 @@ class Trainer:
         if model is None:
             if model_init is None:
                 raise ValueError("Trainer needs a model: pass model=... or model_init=... (a function returning one)")
-            model = model_init()
+            from .hyperparameter_search import call_model_init
+            model = call_model_init(model_init, None)  # model_init(None) when it takes a trial, as transformers
         self.model_init = model_init
         self.backend = Backend(args)
         self.model = model.to(self.backend.device)
@@ -205,6 +206,9 @@ class Trainer:
             is_local_process_zero=args.local_process_index == 0, is_world_process_zero=args.process_index == 0
         )
         self.control = TrainerControl()
+        self.hub_repo = None  # the Hub repository pushes go to (push_to_hub=True, or after a push_to_hub() call)
+        if args.push_to_hub:  # created now: a missing token or an unreachable Hub shows before any training
+            self._start_hub_pushes()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
     # ------------------------------------------------------------------ set-up helpers
@@ -423,9 +427,10 @@ class Trainer:
                 checkpoint.remove_incomplete(self.args.output_dir)  # killed saves: never chosen, cleaned up
             self.backend.barrier()  # so every process sees the same checkpoints
             resume_from_checkpoint = checkpoint.resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        self._trial = trial  # a hyperparameter-search trial (HF's attribute): each evaluation reports to it
         if self.model_init is not None:
             set_seed(self.args.seed)
-            self.model = self.model_wrapped = self.model_init().to(self.backend.device)
+            self.model = self.model_wrapped = self.call_model_init(trial).to(self.backend.device)
             self.optimizer = self.lr_scheduler = None
         if resume_from_checkpoint is not None:
             logger.info("resuming from %s", resume_from_checkpoint)
@@ -490,6 +495,9 @@ class Trainer:
             stateful_callbacks=self.state.stateful_callbacks,
         )
         self.state.compute_steps(args, max_steps)
+        if trial is not None:  # trainer_state.json records the trial, as transformers does
+            from . import hyperparameter_search
+            hyperparameter_search.record_trial(self, trial)
         tokens = data.TokenCounter(args.include_num_input_tokens_seen, getattr(self.model, "main_input_name", "input_ids"),
                                    getattr(self.processing_class, "pad_token_id", None))
         running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter, tokens)
@@ -877,6 +885,9 @@ class Trainer:
             self.log(logs, start_time)
         if self.control.should_evaluate:
             metrics = self._evaluate(ignore_keys_for_eval)
+            if self._trial is not None:  # a search's trial: report the objective (optuna may stop the trial here)
+                from . import hyperparameter_search
+                hyperparameter_search.report(self, metrics)
             if isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):
                 name = self.args.metric_for_best_model or "loss"
                 self.lr_scheduler.step(metrics[name if name.startswith("eval_") else f"eval_{name}"])
@@ -984,6 +995,75 @@ class Trainer:
             checkpoint.save_model_weights(self.backend.unwrap(self.model), output_dir, self.processing_class)
             torch.save(self.args.to_dict(), Path(output_dir) / checkpoint.TRAINING_ARGS_NAME)
         self.backend.barrier()
+        if self.args.push_to_hub and not _internal_call:  # transformers: a save is also a push
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    # ------------------------------------------------------------------ hyperparameter search and the Hub
+
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        """A new model from ``model_init()``, or ``model_init(trial)`` when it takes one argument."""
+        from . import hyperparameter_search
+        return hyperparameter_search.call_model_init(self.model_init, trial)
+
+    def hyperparameter_search(self, hp_space: Callable | None = None, compute_objective: Callable | None = None,
+                              n_trials: int = 20, direction: str | list[str] = "minimize", backend: str | None = None,
+                              hp_name: Callable | None = None, **kwargs):
+        """Search hyperparameters with optuna or ray tune; each trial trains a fresh model from ``model_init``.
+
+        Args:
+            hp_space: ``f(trial) -> {TrainingArguments field: value}`` (default: the backend's, as transformers).
+            compute_objective: ``f(eval metrics) -> float`` (default: the eval loss, or the sum of the
+                other metrics when there are some).
+            n_trials: trials to run.
+            direction: ``"minimize"``/``"maximize"``, or a list of them (multi-objective optuna).
+            backend: ``"optuna"`` or ``"ray"`` (default: the first installed).
+            hp_name: ``f(trial) -> str``, the trial's folder under ``output_dir`` (default ``run-{trial id}``).
+            kwargs: for the library (optuna: ``storage``, ``study_name``, ``load_if_exists``, ``pruner``,
+                ``sampler``, ``timeout``, ``gc_after_trial``; ray: ``resources_per_trial``, ``scheduler``, ...).
+
+        Returns:
+            ``BestRun(run_id, objective, hyperparameters, run_summary)``; a list of them for several directions.
+
+        Example:
+            >>> best = trainer.hyperparameter_search(n_trials=10, backend="optuna")
+            >>> best.hyperparameters["learning_rate"]
+        """
+        from . import hyperparameter_search
+        return hyperparameter_search.hyperparameter_search(self, hp_space, compute_objective, n_trials, direction,
+                                                           backend, hp_name, **kwargs)
+
+    def init_hf_repo(self, token: str | None = None):
+        """Create the Hub repository (``hub_model_id``, or named after ``output_dir``) unless it exists; returns it."""
+        from . import hub
+        if self.args.should_save:
+            self.hub_repo = hub.HubRepo(self.args, token)
+            self.hub_model_id = self.hub_repo.repo_id
+        return self.hub_repo
+
+    def _start_hub_pushes(self) -> None:
+        from . import hub
+        if self.init_hf_repo() is not None:
+            self.add_callback(hub.HubCallback(self.hub_repo))
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, **kwargs):
+        """Save the model, write its model card, and upload ``output_dir`` (without checkpoints) to the Hub.
+
+        Args:
+            commit_message: the commit's message.
+            blocking: wait for the upload (else a ``Future`` is returned).
+            token: overrides ``hub_token``.
+            revision: the branch to push to (default ``hub_revision``, else the main branch).
+            kwargs: for the model card (``model_name``, ``language``, ``license``, ``tags``, ``finetuned_from``, ...).
+
+        Returns:
+            the commit's ``CommitInfo`` (a ``Future`` of it when not blocking); None on other processes.
+
+        Example:
+            >>> trainer.push_to_hub("first version")
+        """
+        from . import hub
+        return hub.push_to_hub(self, commit_message, blocking, token, revision, **kwargs)
 
     # ------------------------------------------------------------------ evaluation and prediction
 

@@ -556,20 +556,77 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# --------------------------------------------------------------------------------------------
+# Hyperparameter search (the backends live in hyperparameter_search.py)
+# --------------------------------------------------------------------------------------------
+class HPSearchBackend(_StrEnum):
+    """Libraries ``Trainer.hyperparameter_search`` can run on (transformers' names; cadence runs optuna and ray)."""
+
+    OPTUNA = "optuna"
+    RAY = "ray"
+    SIGOPT = "sigopt"
+    WANDB = "wandb"
+
+
+class BestRun(NamedTuple):
+    """The best trial of a search: its id, objective (a list for a multi-objective study), its sampled
+    hyperparameters, and the library's own summary (optuna's ``Study``, ray's ``ResultGrid``)."""
+
+    run_id: str
+    objective: float | list[float]
+    hyperparameters: dict[str, Any]
+    run_summary: Any | None = None
+
+
+def default_compute_objective(metrics: dict[str, float]) -> float:
+    """HF's default objective: the eval loss when evaluation gives no other metric, else the sum of
+    those other metrics (speed metrics and ``epoch`` never count)."""
+    speed = ("_runtime", "_per_second", "_compilation_time")
+    rest = {k: v for k, v in metrics.items() if k not in ("eval_loss", "epoch") and not k.endswith(speed)}
+    return metrics.get("eval_loss") if not rest else sum(rest.values())
+
+
+def default_hp_space_optuna(trial: Any) -> dict[str, Any]:
+    """transformers' default optuna space: learning rate, epochs, seed, batch size."""
+    return {
+        "learning_rate": trial.suggest_float("learning_rate", 1e-6, 1e-4, log=True),
+        "num_train_epochs": trial.suggest_int("num_train_epochs", 1, 5),
+        "seed": trial.suggest_int("seed", 1, 40),
+        "per_device_train_batch_size": trial.suggest_categorical("per_device_train_batch_size", [4, 8, 16, 32, 64]),
+    }
+
+
+def default_hp_space_ray(trial: Any) -> dict[str, Any]:
+    """transformers' default ray tune space (the same four values as optuna's)."""
+    from ray import tune
+
+    return {
+        "learning_rate": tune.loguniform(1e-6, 1e-4),
+        "num_train_epochs": tune.choice(list(range(1, 6))),
+        "seed": tune.uniform(1, 40),
+        "per_device_train_batch_size": tune.choice([4, 8, 16, 32, 64]),
+    }
+
+
 __all__ = [
     "PREFIX_CHECKPOINT_DIR",
     "RemoveColumnsCollator",
     "check_target_module_exists",
     "rotate_checkpoints",
     "sort_checkpoints",
+    "BestRun",
     "EvalLoopOutput",
     "EvalPrediction",
+    "HPSearchBackend",
     "HubStrategy",
     "IntervalStrategy",
     "PredictionOutput",
     "SaveStrategy",
     "SchedulerType",
     "TrainOutput",
+    "default_compute_objective",
+    "default_hp_space_optuna",
+    "default_hp_space_ray",
     "denumpify_detensorize",
     "enable_full_determinism",
     "estimate_mfu",

@@ -419,7 +419,7 @@ class TrainingArguments:
     )
 
     # --- Hugging Face Hub (only read when push_to_hub=True) ---
-    push_to_hub: bool = field(default=False, metadata=_help("Upload the model to the Hub on save. Not built yet."))
+    push_to_hub: bool = field(default=False, metadata=_help("Upload the model to the Hub on save (see hub_strategy)."))
     hub_token: str | None = field(default=None, metadata=_help("Hub access token; masked in to_dict()."))
     hub_private_repo: bool | None = field(default=None, metadata=_help("Create the Hub repository as private."))
     hub_model_id: str | None = field(
@@ -1025,7 +1025,6 @@ _STEP_INTERVALS = (
 _NOT_YET_BUILT: dict[str, str] = {
     "use_liger_kernel": "Liger kernels",
     "eval_use_gather_object": "gathering non-tensor outputs",
-    "push_to_hub": "pushing to the Hugging Face Hub",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "accelerator_config": "accelerator_config",
     "parallelism_config": "tensor/context parallelism",
