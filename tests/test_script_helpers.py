@@ -141,11 +141,9 @@ def test_what_cadence_does_differently_says_what_to_use(tmp_path, method, args):
 
 
 def test_every_public_transformers_trainer_method_is_decided():
-    """Each public method of transformers.Trainer exists on cadence's (built, or raising NotImplementedError);
-    the ones issue #12 (hub, hyperparameter search) builds are listed until they land."""
-    left_to_issue_12 = {"init_hf_repo", "push_to_hub", "hyperparameter_search", "call_model_init"}
+    """Each public method of transformers.Trainer exists on cadence's (built, or raising NotImplementedError)."""
     theirs = {n for n in dir(transformers.Trainer) if not n.startswith("_") and callable(getattr(transformers.Trainer, n))}
-    missing = sorted(theirs - set(dir(cadence.Trainer)) - left_to_issue_12)
+    missing = sorted(theirs - set(dir(cadence.Trainer)))
     assert missing == []
 
 
