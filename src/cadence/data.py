@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
@@ -27,6 +28,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from .trainer_utils import seed_worker
 
 logger = logging.getLogger(__name__)
 
@@ -861,3 +864,18 @@ __all__ = [
     "Dataset",
     "DataLoader",
 ]
+
+
+def init_worker(worker_id: int, num_workers: int = 0, rank: int = 0, ignore_stop_signals: bool = False) -> None:
+    """DataLoader ``worker_init_fn``: seeded like ``seed_worker``; with ``enable_jit_checkpoint``, deaf to
+    SIGTERM and SIGUSR1.
+
+    Schedulers send SIGTERM to the whole process group: workers that died of it would crash the main
+    process ("DataLoader worker ... killed by signal") before it could save. Ignoring it here leaves
+    the signal to the main process, which checkpoints, stops, and shuts the workers down itself.
+    """
+    if ignore_stop_signals:
+        for name in ("SIGTERM", "SIGUSR1"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+    seed_worker(worker_id, num_workers, rank)
