@@ -196,6 +196,7 @@ def test_resume_errors_are_clear(tmp_path):
     train(out, stop=2, save_steps=2)
     with pytest.raises(ValueError, match="per_device_train_batch_size=2.*ignore_data_skip"):
         train(out, resume=True, per_device_train_batch_size=3)
+    os.remove(os.path.join(out, "checkpoint-2", "checkpoint_manifest.json"))  # edited below: no checksums to match
     os.rename(os.path.join(out, "checkpoint-2", "rng_state.pth"), os.path.join(out, "checkpoint-2", "rng_state_0.pth"))
     torch.save({}, os.path.join(out, "checkpoint-2", "rng_state_1.pth"))
     with pytest.raises(ValueError, match="written by 2 process.*world_size=1"):
@@ -324,5 +325,6 @@ def test_weights_of_another_model_are_refused(tmp_path):
     with pytest.raises(ValueError, match="do not fit RegressionModel: missing \\['a', 'b'\\], unexpected \\['emb.weight'"):
         trainer.train(resume_from_checkpoint=True)
     os.remove(os.path.join(out, "checkpoint-2", "model.safetensors"))
+    os.remove(os.path.join(out, "checkpoint-2", "checkpoint_manifest.json"))  # else: "model.safetensors is missing"
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
         train(out, resume=True)

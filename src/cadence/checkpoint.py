@@ -40,6 +40,7 @@ Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -166,14 +167,18 @@ def _write_error(final: Path, tmp: Path, error: BaseException) -> OSError:
         needed = sum(p.stat().st_size for p in previous[-1].rglob("*") if p.is_file())
         size = f"a checkpoint here takes about {_human_bytes(needed)} (the size of {previous[-1].name})"
     else:
+        needed = written
         size = f"a checkpoint here takes more than the {_human_bytes(written)} written before the failure"
+    code = getattr(error, "errno", None)
+    if code is None and free is not None and free < needed:  # torch.save hides the errno of a full disk
+        code, cause = errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}; torch said: {cause}"
     room = f" and {_human_bytes(free)} is free there" if free is not None else ""
-    return OSError(
-        getattr(error, "errno", None),
+    message = (
         f"could not write checkpoint {final}: writing {culprit} failed ({cause}); {size}{room}. Nothing of this "
         "checkpoint was kept and older checkpoints are intact. Free disk space or lower save_total_limit: "
-        "save_total_limit=N needs room for N+1 checkpoints (the oldest is deleted only after the new one is complete)",
+        "save_total_limit=N needs room for N+1 checkpoints (the oldest is deleted only after the new one is complete)"
     )
+    return OSError(code, message) if code is not None else OSError(message)
 
 
 def _human_bytes(n: int) -> str:

@@ -62,12 +62,14 @@ def check_optimizers(model: nn.Module, optimizer: Any, lr_scheduler: Any) -> Non
         )
 
 
-def check_best_metric_available(metric: str | None, compute_metrics: Callable | None) -> None:
-    """``metric_for_best_model`` must be one an evaluation produces; without ``compute_metrics`` only the loss."""
+def check_best_metric_available(metric: str | None, compute_metrics: Callable | None, eval_dataset: Any) -> None:
+    """``metric_for_best_model`` must be one an evaluation produces; without ``compute_metrics`` only the
+    loss (per set, ``{name}_loss``, for a dict of eval sets)."""
     if metric is None or compute_metrics is not None:
         return
     bare = metric[len("eval_"):] if metric.startswith("eval_") else metric
-    if bare not in _BUILT_IN_METRICS:
+    sets = list(eval_dataset) if isinstance(eval_dataset, Mapping) else []
+    if bare not in _BUILT_IN_METRICS and bare not in {f"{s}_{m}" for s in sets for m in _BUILT_IN_METRICS}:
         raise ValueError(
             f"metric_for_best_model={metric!r} cannot be computed: compute_metrics=None, so evaluation reports only "
             f"eval_loss (and its speed); pass compute_metrics=... returning {{{bare!r}: ...}}, or set "

@@ -235,7 +235,7 @@ class Trainer:
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
         checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
-        checks.check_best_metric_available(args.metric_for_best_model, self.compute_metrics)
+        checks.check_best_metric_available(args.metric_for_best_model, self.compute_metrics, self.eval_dataset)
         checks.check_best_save_has_evaluations(args.save_strategy, args.eval_strategy)
         if args.neftune_noise_alpha:
             neftune.input_embeddings(self.model)
