@@ -31,12 +31,14 @@ logger = logging.getLogger(__name__)
 LOCK_NAME = "cadence.lock"
 
 
-def _checkpoint_folders(output_dir: Path) -> list[Path]:
-    """Every ``checkpoint-N`` folder (complete or not), and the staging folders of interrupted saves."""
+def _checkpoint_folders(output_dir: Path, leftovers: bool) -> list[Path]:
+    """Every ``checkpoint-N`` folder (complete or not) and ``old-checkpoint-N`` (one being replaced, put
+    back on resume); with ``leftovers`` also the ``tmp-checkpoint-N`` of saves killed half-way, which
+    are never resumed from and so belong to nobody."""
     found = []
     for path in output_dir.iterdir():
         name = path.name
-        for prefix in ("", "tmp-", "old-"):
+        for prefix in ("", "old-", *(("tmp-",) if leftovers else ())):
             if name.startswith(prefix) and CHECKPOINT_DIR_RE.match(name[len(prefix):]) and path.is_dir():
                 found.append(path)
                 break
@@ -139,13 +141,13 @@ def refuse_foreign_checkpoints(output_dir: str | os.PathLike, overwrite: bool) -
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return
-    found = _checkpoint_folders(output_dir)
-    if not found:
-        return
     if overwrite:
-        for path in found:
+        for path in _checkpoint_folders(output_dir, leftovers=True):
             logger.warning("overwrite_output_dir=True: deleting %s from an earlier run", path)
             shutil.rmtree(path)
+        return
+    found = _checkpoint_folders(output_dir, leftovers=False)
+    if not found:
         return
     names = ", ".join(p.name for p in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
     raise ValueError(
