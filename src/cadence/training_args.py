@@ -396,7 +396,10 @@ class TrainingArguments:
     )
     save_total_limit: int | None = field(
         default=None,
-        metadata=_help("Keep at most this many checkpoints (the newest and the best are always kept). None: all."),
+        metadata=_help(
+            "Keep at most this many checkpoints (the newest and the best are always kept). None: all. The disk needs "
+            "room for one more: the oldest is deleted only after the new checkpoint is complete."
+        ),
     )
     enable_jit_checkpoint: bool = field(
         default=False,
