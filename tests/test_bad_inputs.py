@@ -372,3 +372,19 @@ def test_bad_input_is_refused_before_the_first_step(tmp_path, base_run, row):
         assert culprit in message, f"{culprit!r} not named in: {message}"
     assert not steps, "an optimizer step ran before the error"
     assert snapshot(out) == before
+
+
+def test_scalar_metrics_are_converted_and_the_checkpoint_is_kept(tmp_path):
+    """0-d and one-element tensors and numpy scalars become Python numbers: logged, saved, comparable."""
+    out = str(tmp_path / "out")
+    metrics = {"t": torch.tensor(0.5), "n": np.float32(0.25), "i": np.int64(3), "one": torch.tensor([2.0])}
+    trainer = Trainer(RegressionModel(), args(out, eval_strategy="steps", eval_steps=1, save_strategy="steps",
+                                              save_steps=1, metric_for_best_model="t"),
+                      train_dataset=RegressionDataset(16), eval_dataset=RegressionDataset(8),
+                      compute_metrics=metrics_returning(metrics))
+    trainer.train()
+    logged = next(h for h in trainer.state.log_history if "eval_t" in h)
+    assert [(logged[f"eval_{k}"], type(logged[f"eval_{k}"])) for k in metrics] == [
+        (0.5, float), (0.25, float), (3, int), (2.0, float)]
+    with open(os.path.join(out, "checkpoint-2", "trainer_state.json")) as f:
+        assert json.load(f)["best_metric"] == 0.5
