@@ -873,7 +873,8 @@ def init_worker(worker_id: int, num_workers: int = 0, rank: int = 0, ignore_stop
 
     Schedulers send SIGTERM to the whole process group: workers that died of it would crash the main
     process ("DataLoader worker ... killed by signal") before it could save. Here the signals are left
-    to the main process, which checkpoints, stops, and shuts the workers down itself.
+    to the main process, which checkpoints, stops, and shuts the workers down itself. (A signal in the
+    few milliseconds between a worker's start and this function still ends that worker.)
     """
     if ignore_stop_signals:
         _leave_stop_signals_to_the_main_process()

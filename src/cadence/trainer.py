@@ -1104,6 +1104,7 @@ class Trainer:
         metrics: dict[str, float] | None = None
         observed = 0
         for step, (inputs, is_last) in enumerate(evaluation.with_last(dataloader)):
+            checks.check_batch(inputs)
             inputs = self._prepare_inputs(inputs)
             loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
             rows = evaluation.batch_rows(inputs)
