@@ -9,7 +9,9 @@ import time
 
 import pytest
 from test_resume import train
+from tiny import RegressionDataset, RegressionModel
 
+from cadence import Trainer, TrainingArguments
 from cadence.output_guard import LOCK_NAME
 
 
@@ -87,6 +89,9 @@ def test_two_runs_at_once_the_second_refuses_and_the_first_finishes(tmp_path):
 import sys, time
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_resume import train
+from tiny import RegressionDataset, RegressionModel
+
+from cadence import Trainer, TrainingArguments
 from cadence import TrainerCallback
 class Hold(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
@@ -121,3 +126,13 @@ def test_an_unwritable_output_dir_is_refused_before_step_1(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match=f"output_dir={str(blocker / 'run')!r} cannot be written"):
         train(str(blocker / "run"), stop=1)
+
+
+def test_a_refused_run_leaves_no_folder_and_a_finished_one_keeps_it(tmp_path):
+    args = TrainingArguments(str(tmp_path / "refused"), report_to="none", disable_tqdm=True, max_steps=1)
+    trainer = Trainer(RegressionModel(), args, train_dataset=RegressionDataset(8), data_collator=lambda rows: None)
+    with pytest.raises(TypeError, match="data_collator returned None"):
+        trainer.train()
+    assert not (tmp_path / "refused").exists()
+    train(str(tmp_path / "done"), stop=1)  # nothing saved, but the folder is there for save_model (as transformers)
+    assert listing(tmp_path / "done") == []

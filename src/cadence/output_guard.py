@@ -11,8 +11,8 @@ Before the first step, ``train()`` (on the main process):
    later ``resume_from_checkpoint=True`` would continue the wrong run. ``overwrite_output_dir=True``
    deletes those checkpoint folders (and only them) first.
 
-The lock is released when ``train()`` returns or raises; a folder the lock created and nothing
-else used is removed again, so a refused run leaves the disk as it was.
+The lock is released when ``train()`` returns or raises; when it raises, a folder the lock created
+and nothing else used is removed again, so a refused run leaves the disk as it was.
 """
 
 from __future__ import annotations
@@ -113,11 +113,13 @@ class OutputDirLock:
         except (OSError, ValueError):  # unreadable: treat as held by an unknown run
             return {}
 
-    def release(self) -> None:
+    def release(self, remove_created_dir: bool = True) -> None:
+        """Delete the lock; with ``remove_created_dir``, also ``output_dir`` if the lock created it and it is empty."""
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
-        self._remove_created_dir()
+        if remove_created_dir:
+            self._remove_created_dir()
 
     def _remove_created_dir(self) -> None:
         if self.created_dir:

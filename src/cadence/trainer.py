@@ -412,10 +412,13 @@ class Trainer:
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
         lock = self._claim_output_dir(resuming=resume_from_checkpoint not in (None, False))
+        failed = True
         try:
-            return self._train_holding_lock(resume_from_checkpoint, trial, ignore_keys_for_eval)
+            output = self._train_holding_lock(resume_from_checkpoint, trial, ignore_keys_for_eval)
+            failed = False
+            return output
         finally:
-            lock.release()
+            lock.release(remove_created_dir=failed)  # a failed run leaves no empty output_dir behind
 
     def _claim_output_dir(self, resuming: bool) -> output_guard.OutputDirLock:
         """Lock ``output_dir`` for this run (main process) and, for a new run, refuse (or with
