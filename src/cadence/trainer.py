@@ -23,7 +23,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import activation_checkpointing, checkpoint, checks, data, evaluation, loss as loss_utils, neftune, optimization, output_guard, overflow
+from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
+from . import checks, output_guard
 from .backend import Backend
 from .trainer_callback import (
     CallbackHandler,
