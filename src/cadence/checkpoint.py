@@ -19,6 +19,7 @@ Files (the names transformers uses, so either library resumes the other's checkp
     trainer_state.json     TrainerState, written last (the completeness marker)
     training_args.bin/json the arguments, as plain data
     loop_state.json        cadence only: the data position and the loss summed since the last log
+    checkpoint_manifest.json  cadence only: size and sha256 of every other file, checked before resuming
 
 Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
 
