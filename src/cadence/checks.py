@@ -102,16 +102,16 @@ def check_trainable(model: nn.Module) -> None:
 
 
 def check_batch(batch: Any, where: str = "data_collator") -> None:
-    """A batch is a mapping of inputs (or a tuple/list of tensors, passed positionally).
+    """A batch is a mapping of inputs (or a tuple/list of inputs, passed positionally).
 
     Raises:
-        TypeError: None, a bare tensor (the model would get its rows as arguments), a list of
-            samples (the collator did not collate), or anything else.
+        TypeError: None, a bare tensor (the model would get its rows as arguments), an empty or a
+            list of dict samples (the collator did not collate), or anything else.
     """
     if isinstance(batch, Mapping):
         return
-    if isinstance(batch, (tuple, list)) and batch and all(torch.is_tensor(t) or t is None for t in batch):
-        return
+    if isinstance(batch, (tuple, list)) and batch and not any(isinstance(t, Mapping) for t in batch):
+        return  # positional inputs; a list of dicts is samples the collator did not collate
     if batch is None:
         got = "None"
     elif torch.is_tensor(batch):
