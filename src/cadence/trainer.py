@@ -426,11 +426,12 @@ class Trainer:
         ``overwrite_output_dir=True`` delete) another run's checkpoints there; see ``output_guard``."""
         args = self.args
         lock = output_guard.OutputDirLock(args.output_dir)
+        main = args.process_index == 0  # one owner, also with save_on_each_node on a shared disk
         try:
-            if args.should_save:
+            if main:
                 lock.acquire()
             new_run = not resuming and self._claimed_output_dir != os.path.abspath(args.output_dir)
-            if new_run and (args.should_save or not args.overwrite_output_dir):  # only the main process deletes
+            if new_run and (main or not args.overwrite_output_dir):  # only the main process deletes
                 output_guard.refuse_foreign_checkpoints(args.output_dir, args.overwrite_output_dir)
             self.backend.barrier()
         except BaseException:
