@@ -150,7 +150,7 @@ def test_tmp_leftovers_are_never_chosen_and_are_cleaned_at_the_next_save(tmp_pat
         f.write("{}")  # even a leftover that looks complete inside
     assert get_last_checkpoint(out).endswith("checkpoint-2")
     assert [p.name for p in sorted_checkpoints(out)] == ["checkpoint-2"]
-    train(str(out), stop=4, save_steps=4)
+    train(str(out), stop=4, save_steps=4, resume=True)  # the same run continues (a new one is refused there)
     assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4"]
 
 

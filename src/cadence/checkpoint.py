@@ -20,6 +20,7 @@ Files (the names transformers uses, so either library resumes the other's checkp
     trainer_state.json     TrainerState, written last (the completeness marker)
     training_args.bin/json the arguments, as plain data
     loop_state.json        cadence only: the data position and the loss summed since the last log
+    checkpoint_manifest.json  cadence only: size and sha256 of every other file, checked before resuming
 
 Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
 
@@ -44,6 +45,8 @@ Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -112,7 +115,7 @@ def staging_folder(final: str | os.PathLike) -> Path:
 
 
 def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fresh: bool = True) -> Path:
-    """Run ``write(tmp_folder)``, fsync, then rename the folder to ``final``.
+    """Run ``write(tmp_folder)``, add the checksum manifest, fsync, then rename the folder to ``final``.
 
     Args:
         final: the checkpoint folder to create (replaced if it exists, never left missing).
@@ -120,7 +123,8 @@ def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fr
         fresh: start from an empty staging folder; False keeps files other processes put there.
 
     On any error the temporary folder is removed, older checkpoints are untouched, and an
-    ``OSError`` names the folder and the cause (disk full, permission denied, ...).
+    ``OSError`` names the folder, the file being written, the cause (disk full, permission
+    denied, ...) and, for a full disk, the space a checkpoint needs and the space free.
     """
     final = Path(final)
     tmp = staging_folder(final)
@@ -129,6 +133,7 @@ def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fr
             shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=not fresh)
         write(tmp)
+        write_manifest(tmp)
         _fsync_tree(tmp)
         if final.exists():  # saving the same step twice: swap, so a complete folder always exists
             old = final.parent / f"old-{final.name}"
@@ -140,12 +145,142 @@ def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fr
             os.replace(tmp, final)
         _fsync_dir(final.parent)  # the rename itself survives a power cut
     except BaseException as e:
+        error = _write_error(final, tmp, e) if isinstance(e, (OSError, RuntimeError)) else None
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as RuntimeError
-            cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
-            raise OSError(f"could not write checkpoint {final} ({cause}); older checkpoints are intact") from e
+        if error is not None:  # torch.save reports a full disk as RuntimeError
+            raise error from e
         raise
     return final
+
+
+def _write_error(final: Path, tmp: Path, error: BaseException) -> OSError:
+    """An ``OSError`` naming the checkpoint, the file being written (the newest in the staging folder),
+    the cause, the size a checkpoint takes and the free space (read before the staging folder goes)."""
+    cause = getattr(error, "strerror", None) or str(error).splitlines()[0]
+    files = [p for p in tmp.rglob("*") if p.is_file()] if tmp.is_dir() else []
+    culprit = getattr(error, "filename", None)
+    if culprit is None and files:
+        culprit = max(files, key=lambda p: p.stat().st_mtime_ns)  # the one being written when it failed
+    culprit = Path(culprit).name if culprit is not None else "its first file"
+    written = sum(p.stat().st_size for p in files)
+    try:
+        previous = sorted_checkpoints(final.parent)
+        free = shutil.disk_usage(final.parent).free
+    except OSError:
+        previous, free = [], None
+    if previous:
+        needed = sum(p.stat().st_size for p in previous[-1].rglob("*") if p.is_file())
+        size = f"a checkpoint here takes about {_human_bytes(needed)} (the size of {previous[-1].name})"
+    else:
+        needed = written
+        size = f"a checkpoint here takes more than the {_human_bytes(written)} written before the failure"
+    code = getattr(error, "errno", None)
+    if code is None and free is not None and free < needed:  # torch.save hides the errno of a full disk
+        code, cause = errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}; torch said: {cause}"
+    room = f" and {_human_bytes(free)} is free there" if free is not None else ""
+    message = (
+        f"could not write checkpoint {final}: writing {culprit} failed ({cause}); {size}{room}. Nothing of this "
+        "checkpoint was kept and older checkpoints are intact. Free disk space or lower save_total_limit: "
+        "save_total_limit=N needs room for N+1 checkpoints (the oldest is deleted only after the new one is complete)"
+    )
+    return OSError(code, message) if code is not None else OSError(message)
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# ---------------------------------------------------------------- checksum manifest
+
+MANIFEST_NAME = "checkpoint_manifest.json"  # cadence only: size and sha256 of every other file
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """``checkpoint_manifest.json``: the size and sha256 of every file in ``folder`` (read back on resume)."""
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != MANIFEST_NAME:
+            files[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    save_json({"files": files}, folder / MANIFEST_NAME)
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, changed on disk, or unreadable."""
+
+
+def _corrupt(folder: Path, name: str, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"checkpoint {folder} is damaged: {name} {why}")
+
+
+def verify_checkpoint(folder: str | os.PathLike) -> None:
+    """Check that every file of ``folder`` is as it was written, before anything is loaded from it.
+
+    With a manifest (cadence's checkpoints) each listed file's size and sha256 are compared, which
+    catches truncation and flipped bytes. Without one (transformers' checkpoints) every JSON,
+    safetensors and ``torch.save`` file is parsed (``weights_only``), which catches truncation.
+
+    Raises:
+        CorruptCheckpointError: naming the file and what is wrong with it.
+        UnsafeCheckpointError: a file holds more than plain data (never unpickled).
+    """
+    folder = Path(folder)
+    manifest = folder / MANIFEST_NAME
+    if manifest.exists():
+        try:
+            listed = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest ({type(e).__name__}: {e})") from e
+        for name, entry in listed.items():
+            path = folder / name
+            if not path.is_file():
+                raise _corrupt(folder, name, "is missing")
+            size = path.stat().st_size
+            if size != entry["bytes"] or _sha256(path) != entry["sha256"]:
+                if path.suffix in (".pt", ".pth", ".bin") and unsafe_globals(path):
+                    safe_load(path)  # a replaced file that would run code: UnsafeCheckpointError names what it calls
+                if size != entry["bytes"]:
+                    raise _corrupt(folder, name, f"has {size} bytes but {entry['bytes']} were written (truncated or replaced)")
+                raise _corrupt(folder, name, "has changed since it was written (its sha256 differs from the manifest's)")
+        return
+    for path in sorted(folder.iterdir()):
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text())
+            elif path.suffix == ".safetensors":
+                _check_safetensors(path)
+            elif path.suffix in (".pt", ".pth"):
+                safe_load(path, allow_numpy_arrays=path.name.startswith("rng_state"))
+        except UnsafeCheckpointError:
+            if unsafe_globals(path):
+                raise
+            raise _corrupt(folder, path.name, "cannot be read (truncated or not a torch.save file)") from None
+        except Exception as e:  # noqa: BLE001 - whatever the reader says, the file is unreadable
+            raise _corrupt(folder, path.name, f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+
+
+def _check_safetensors(path: Path) -> None:
+    """The header parses and the file is as long as the header says (no tensor is loaded)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("shorter than a safetensors header")
+        header = json.loads(f.read(int.from_bytes(head, "little")))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    expected = 8 + int.from_bytes(head, "little") + end
+    if path.stat().st_size != expected:
+        raise ValueError(f"{path.stat().st_size} bytes where its header describes {expected}")
 
 
 def prepare_staging(final: str | os.PathLike) -> Path:
@@ -155,7 +290,7 @@ def prepare_staging(final: str | os.PathLike) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     except OSError as e:
-        raise OSError(f"could not write checkpoint {final} ({e.strerror or e}); older checkpoints are intact") from e
+        raise _write_error(Path(final), tmp, e) from e
     return tmp
 
 
@@ -166,9 +301,9 @@ def save_rng_state(final: str | os.PathLike, process_index: int, world_size: int
         tmp.mkdir(parents=True, exist_ok=True)  # a node that does not share the main process's disk
         torch.save(capture_rng_state(world_size), tmp / rng_state_name(process_index, world_size))
     except (OSError, RuntimeError) as e:
+        error = _write_error(Path(final), tmp, e)
         shutil.rmtree(tmp, ignore_errors=True)
-        cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        raise OSError(f"could not write checkpoint {final} ({cause}); older checkpoints are intact") from e
+        raise error from e
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -335,21 +470,35 @@ def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> Non
 
 
 def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike) -> Path:
-    """``True`` -> the newest complete ``checkpoint-N`` of ``output_dir``; a path -> that folder, checked.
+    """``True`` -> the newest complete ``checkpoint-N`` of ``output_dir`` whose files are intact; a path ->
+    that folder, checked.
+
+    A damaged newest checkpoint (a truncated or changed file, see :func:`verify_checkpoint`) is
+    skipped with a warning naming the file, and the next older one is tried.
 
     Raises:
         ValueError: no complete checkpoint exists, or the path is not a checkpoint folder.
+        CorruptCheckpointError: the given folder, or every checkpoint of ``output_dir``, is damaged.
     """
     if resume_from_checkpoint is True:
-        from .trainer_utils import get_last_checkpoint
-
-        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if last is None:
+        found = sorted_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+        if not found:
             raise ValueError(
                 f"resume_from_checkpoint=True, but output_dir={str(output_dir)!r} has no complete checkpoint-N "
                 f"folder (one with {TRAINER_STATE_NAME}): train without resume_from_checkpoint, or pass a checkpoint path"
             )
-        return Path(last)
+        errors = []
+        for folder in reversed(found):
+            try:
+                verify_checkpoint(folder)
+                return folder
+            except CorruptCheckpointError as e:
+                logger.warning("%s; resuming from an older checkpoint instead", e)
+                errors.append(str(e))
+        raise CorruptCheckpointError(
+            f"resume_from_checkpoint=True, but every checkpoint in output_dir={str(output_dir)!r} is damaged: "
+            + "; ".join(errors) + ". Start a new run (overwrite_output_dir=True deletes them)"
+        )
     path = Path(resume_from_checkpoint)
     if not path.is_dir():
         raise ValueError(
@@ -362,6 +511,13 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
             f"{TRAINER_STATE_NAME} (written last, so either its save was interrupted or it is not a checkpoint "
             "folder); pass a checkpoint-N folder, or True for the newest complete one"
         )
+    try:
+        verify_checkpoint(path)
+    except CorruptCheckpointError as e:
+        raise CorruptCheckpointError(
+            f"resume_from_checkpoint={str(resume_from_checkpoint)!r}: {e}; pass an older checkpoint-N folder, or "
+            "True for the newest intact one"
+        ) from e
     return path
 
 

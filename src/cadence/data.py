@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
@@ -27,6 +29,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from .trainer_utils import seed_worker
 
 logger = logging.getLogger(__name__)
 
@@ -1000,3 +1004,39 @@ __all__ = [
     "Dataset",
     "DataLoader",
 ]
+
+
+def init_worker(worker_id: int, num_workers: int = 0, rank: int = 0, ignore_stop_signals: bool = False) -> None:
+    """DataLoader ``worker_init_fn``: seeded like ``seed_worker``; with ``enable_jit_checkpoint``, deaf to
+    SIGTERM and SIGUSR1 from anyone but the main process.
+
+    Schedulers send SIGTERM to the whole process group: workers that died of it would crash the main
+    process ("DataLoader worker ... killed by signal") before it could save. Here the signals are left
+    to the main process, which checkpoints, stops, and shuts the workers down itself. (A signal in the
+    few milliseconds between a worker's start and this function still ends that worker.)
+    """
+    if ignore_stop_signals:
+        _leave_stop_signals_to_the_main_process()
+    seed_worker(worker_id, num_workers, rank)
+
+
+def _leave_stop_signals_to_the_main_process() -> None:
+    """Block SIGTERM/SIGUSR1 in this worker and take them in a thread: one from the parent (the DataLoader
+    or multiprocessing terminating its workers, e.g. when the main process exits on an error) ends the
+    worker as torch's own handler does; any other (the scheduler's, to the whole group) is dropped.
+    Simply ignoring SIGTERM would leave the parent waiting forever for a worker it terminates."""
+    if not hasattr(signal, "sigwaitinfo"):  # not Linux: keep torch's behaviour
+        return
+    import threading
+
+    signals = {signal.SIGTERM, signal.SIGUSR1}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # pending until the thread below takes them
+    parent = os.getppid()
+
+    def take_signals() -> None:
+        while True:
+            info = signal.sigwaitinfo(signals)
+            if info.si_signo == signal.SIGTERM and info.si_pid == parent:
+                os._exit(0)
+
+    threading.Thread(target=take_signals, name="cadence-stop-signals", daemon=True).start()

@@ -28,7 +28,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .trainer_utils import EvalPrediction, denumpify_detensorize
+from . import checks
+from .trainer_utils import EvalPrediction
 
 logger = logging.getLogger(__name__)
 
@@ -302,7 +303,7 @@ def call_compute_metrics(compute_metrics: Callable, outputs: dict[str, Any], com
     except Exception as e:
         name = getattr(compute_metrics, "__name__", type(compute_metrics).__name__)
         raise RuntimeError(f"compute_metrics ({name}) raised {type(e).__name__}: {e}") from e
-    return denumpify_detensorize(dict(metrics or {}))
+    return checks.clean_metrics(metrics, compute_metrics)
 
 
 def outputs_to_logits(outputs: Any, skip: set[str], had_loss: bool) -> Any:

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
-from . import peft_support
+from . import checks, output_guard, peft_support
 from .backend import Backend
 from .trainer_callback import (
     CallbackHandler,
@@ -48,7 +48,6 @@ from .trainer_utils import (
     enable_full_determinism,
     estimate_mfu,
     has_length,
-    seed_worker,
     set_seed,
     speed_metrics,
 )
@@ -196,6 +195,7 @@ class Trainer:
         params = inspect.signature(self.compute_loss).parameters  # a subclass's override may not take the count
         self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
         self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
+        self._claimed_output_dir: str | None = None  # the output_dir an earlier train() of this Trainer wrote
 
         default_callbacks = [DefaultFlowCallback, *(callbacks or [])]
         default_callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
@@ -242,6 +242,9 @@ class Trainer:
             )
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
+        checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
+        checks.check_best_metric_available(args.metric_for_best_model, self.compute_metrics, self.eval_dataset)
+        checks.check_best_save_has_evaluations(args.save_strategy, args.eval_strategy)
         if args.neftune_noise_alpha:
             neftune.input_embeddings(self.model)
         if args.activation_checkpointing:
@@ -329,8 +332,9 @@ class Trainer:
             drop_last=args.dataloader_drop_last,
         )
         if args.dataloader_num_workers > 0:  # python/numpy/torch seeded per worker and process: runs repeat
-            kwargs.update(worker_init_fn=functools.partial(seed_worker, num_workers=args.dataloader_num_workers,
-                                                           rank=args.process_index),
+            kwargs.update(worker_init_fn=functools.partial(data.init_worker, num_workers=args.dataloader_num_workers,
+                                                           rank=args.process_index,
+                                                           ignore_stop_signals=args.enable_jit_checkpoint),
                           persistent_workers=args.dataloader_persistent_workers,
                           prefetch_factor=args.dataloader_prefetch_factor,
                           multiprocessing_context=args.dataloader_multiprocessing_context,
@@ -420,6 +424,35 @@ class Trainer:
         """
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        lock = self._claim_output_dir(resuming=resume_from_checkpoint not in (None, False))
+        failed = True
+        try:
+            output = self._train_holding_lock(resume_from_checkpoint, trial, ignore_keys_for_eval)
+            failed = False
+            return output
+        finally:
+            lock.release(remove_created_dir=failed)  # a failed run leaves no empty output_dir behind
+
+    def _claim_output_dir(self, resuming: bool) -> output_guard.OutputDirLock:
+        """Lock ``output_dir`` for this run (main process) and, for a new run, refuse (or with
+        ``overwrite_output_dir=True`` delete) another run's checkpoints there; see ``output_guard``."""
+        args = self.args
+        lock = output_guard.OutputDirLock(args.output_dir)
+        main = args.process_index == 0  # one owner, also with save_on_each_node on a shared disk
+        try:
+            if main:
+                lock.acquire()
+            new_run = not resuming and self._claimed_output_dir != os.path.abspath(args.output_dir)
+            if new_run and (main or not args.overwrite_output_dir):  # only the main process deletes
+                output_guard.refuse_foreign_checkpoints(args.output_dir, args.overwrite_output_dir)
+            self.backend.barrier()
+        except BaseException:
+            lock.release()
+            raise
+        self._claimed_output_dir = os.path.abspath(args.output_dir)
+        return lock
+
+    def _train_holding_lock(self, resume_from_checkpoint, trial, ignore_keys_for_eval) -> TrainOutput:
         if resume_from_checkpoint in (None, False):
             resume_from_checkpoint = None
         else:
@@ -477,6 +510,7 @@ class Trainer:
 
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None) -> TrainOutput:
         args = args or self.args
+        checks.check_trainable(self.model)
         train_dataloader = self.get_train_dataloader()
         max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader)
         self.create_optimizer_and_scheduler(max_steps)
@@ -725,6 +759,15 @@ class Trainer:
         skipped = running.skipped_total + running.skipped
         if skipped:
             metrics["train_skipped_optimizer_steps"] = skipped
+        jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, checkpoint.JITCheckpointCallback)), None)
+        self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
+        if self.state.interrupted:
+            metrics["interrupted"] = True
+            logger.warning(
+                "training was interrupted by %s at step %d of %d: checkpoint-%d is saved and the model is only partly "
+                "trained; exit with a non-zero status so the scheduler requeues the job, and resume with "
+                "train(resume_from_checkpoint=True)", jit.requested, self.state.global_step, self.state.max_steps,
+                self.state.global_step)
         self.log(metrics)
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
@@ -740,10 +783,17 @@ class Trainer:
             inputs: the micro-batch.
             num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
         """
+        checks.check_batch(inputs)
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             count = {"num_items_in_batch": num_items_in_batch} if self._compute_loss_takes_items else {}
-            loss = self.compute_loss(model, inputs, **count)
+            try:
+                loss = self.compute_loss(model, inputs, **count)
+            except RuntimeError as error:  # torch's dtype error for float labels, explained
+                checks.explain_label_error(error, inputs)
+                raise
+        if not (torch.is_tensor(loss) and loss.dim() == 0 and loss.requires_grad):
+            checks.check_loss(loss, self._loss_source(model))
         normalised = num_items_in_batch is not None and self._loss_is_normalised()
         weight = loss_utils.micro_batch_weight(
             inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
@@ -756,6 +806,14 @@ class Trainer:
             loss = loss * weight
         self.backend.backward(loss)
         return loss.detach()
+
+    def _loss_source(self, model: nn.Module) -> str:
+        """What produced the loss, for error messages."""
+        if type(self).compute_loss is not Trainer.compute_loss:
+            return f"{type(self).__name__}.compute_loss"
+        if self.compute_loss_func is not None:
+            return f"compute_loss_func ({getattr(self.compute_loss_func, '__name__', type(self.compute_loss_func).__name__)})"
+        return f"the model's forward ({type(self.backend.unwrap(model)).__name__}, its loss output)"
 
     def _loss_is_normalised(self) -> bool:
         """Whether ``compute_loss`` returns the step-normalised sum (divided by ``num_items_in_batch``)
@@ -1148,6 +1206,7 @@ class Trainer:
         metrics: dict[str, float] | None = None
         observed = 0
         for step, (inputs, is_last) in enumerate(evaluation.with_last(dataloader)):
+            checks.check_batch(inputs)
             inputs = self._prepare_inputs(inputs)
             loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
             rows = evaluation.batch_rows(inputs)

@@ -57,7 +57,7 @@ import logging
 import math
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +148,8 @@ class TrainerState:
     trial_name: str | None = None
     trial_params: dict[str, str | float | int | bool] | None = None
     stateful_callbacks: Any = None  # in: list of stateful callbacks or a loaded dict; stored: dict
+    # cadence only, not saved: True after train() stopped early on SIGTERM/SIGUSR1 (enable_jit_checkpoint)
+    interrupted: ClassVar[bool] = False
 
     def __post_init__(self):
         if self.log_history is None:
@@ -411,7 +413,18 @@ class CallbackHandler(TrainerCallback):
         Args:
             callback: a class (instantiated without arguments) or an instance.
         """
-        cb = callback() if isinstance(callback, type) else callback
+        if not any(hasattr(callback, event) for event in _EVENTS):  # transformers' callbacks have them too
+            raise TypeError(
+                f"callbacks: {callback!r} ({type(callback).__name__}) is not a TrainerCallback: it has none of the "
+                "callback events (on_step_end, on_log, ...); pass a TrainerCallback subclass or an instance of one"
+            )
+        try:
+            cb = callback() if isinstance(callback, type) else callback
+        except TypeError as e:
+            raise TypeError(
+                f"callbacks: the class {callback.__name__} cannot be built without arguments ({e}); pass an "
+                f"instance instead, e.g. callbacks=[{callback.__name__}(...)]"
+            ) from e
         if any(type(c) is type(cb) for c in self._callbacks):
             logger.warning(
                 "Adding a %s to the callbacks, but there is already one. Current callbacks:\n%s",

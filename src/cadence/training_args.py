@@ -408,7 +408,10 @@ class TrainingArguments:
     )
     save_total_limit: int | None = field(
         default=None,
-        metadata=_help("Keep at most this many checkpoints (the newest and the best are always kept). None: all."),
+        metadata=_help(
+            "Keep at most this many checkpoints (the newest and the best are always kept). None: all. The disk needs "
+            "room for one more: the oldest is deleted only after the new checkpoint is complete."
+        ),
     )
     enable_jit_checkpoint: bool = field(
         default=False,
@@ -578,8 +581,8 @@ class TrainingArguments:
     overwrite_output_dir: bool = field(
         default=False,
         metadata=_help(
-            "4.x option, accepted and recorded but without effect (HF 5 dropped it too): an existing output_dir "
-            "is reused and resuming is explicit (resume_from_checkpoint)."
+            "4.x option (HF 5 dropped it): a new run (no resume_from_checkpoint) into an output_dir holding "
+            "checkpoint-N folders is refused unless this is True, which deletes those folders (and only them) first."
         ),
     )
     save_safetensors: bool | None = field(
@@ -987,7 +990,11 @@ _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "gradient_accumulation_steps": (_at_least(1, integer=True), "an integer >= 1", "pass 1 for no accumulation"),
     "per_device_train_batch_size": (_at_least(1, integer=True), "an integer >= 1", "pass a batch size such as 8"),
     "per_device_eval_batch_size": (_at_least(1, integer=True), "an integer >= 1", "pass a batch size such as 8"),
-    "num_train_epochs": (_at_least(0), ">= 0", "pass the number of passes over the data, such as 3"),
+    "num_train_epochs": (
+        lambda v: _at_least(0)(v) and math.isfinite(v),
+        "a finite number >= 0",
+        "pass the number of passes over the data, such as 3 (for an open-ended run set max_steps instead)",
+    ),
     "max_steps": (_is_max_steps, "an integer >= 1, or -1 for unset", "pass -1 to train for num_train_epochs"),
     "warmup_steps": (
         _is_warmup,
@@ -1115,6 +1122,8 @@ def _resolve_output_dir(args: TrainingArguments) -> None:
         logger.info("No output_dir given: using 'trainer_output'")
         args.output_dir = "trainer_output"
     args.output_dir = os.path.expanduser(os.fspath(args.output_dir))
+    if not args.output_dir.strip():
+        raise _invalid("output_dir", args.output_dir, "a folder name", "pass e.g. output_dir='out', or None for 'trainer_output'")
 
 
 def _parse_json_dict_fields(args: TrainingArguments) -> None:

@@ -1,0 +1,397 @@
+"""Every bad input, one row each: the error type, the culprit named in the message, raised before the first
+optimizer step, and the output_dir left exactly as it was.
+
+A row builds what a user would write and runs it (constructing TrainingArguments, the Trainer, and
+calling train()). "Before the first optimizer step" is watched with torch's global optimizer-step
+hook; "untouched" compares every file's size and mtime in output_dir (which already holds a user's
+file, and, for the checkpoint rows, a run's checkpoints) before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+
+from tiny import ClassDataset, Classifier, RegressionDataset, RegressionModel
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.data import IterableDataset
+
+from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.output_guard import LOCK_NAME
+
+
+def args(out, **kw):
+    base = dict(output_dir=out, report_to="none", disable_tqdm=True, max_steps=2, per_device_train_batch_size=4,
+                save_strategy="no", logging_steps=1)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def fit(out, model=None, train_dataset=None, resume=None, args_kw=None, **trainer_kw):
+    """Trainer(...).train(...) on the tiny regression task, with the row's changes."""
+    trainer = Trainer(model if model is not None else RegressionModel(), args(out, **(args_kw or {})),
+                      train_dataset=RegressionDataset(16) if train_dataset is None else train_dataset, **trainer_kw)
+    return trainer.train(resume_from_checkpoint=resume)
+
+
+# ------------------------------------------------------------------ bad models, datasets, collators, metrics
+
+
+class NoGradLoss(RegressionModel):
+    def forward(self, input_x, labels=None):
+        loss, y = super().forward(input_x, labels)
+        return (loss.detach(), y)
+
+
+class RowLoss(RegressionModel):
+    def forward(self, input_x, labels=None):
+        y = self.a * input_x + self.b
+        return {"loss": (y - labels) ** 2, "logits": y}  # one loss per row
+
+
+class TupleRowLoss(RegressionModel):
+    def forward(self, input_x, labels=None):
+        y = self.a * input_x + self.b
+        return ((y - labels) ** 2, y)  # first in a tuple: no scalar there, so no loss found
+
+
+class NoLoss(RegressionModel):
+    def forward(self, input_x, labels=None):
+        return (self.a * input_x + self.b,)
+
+
+class FloatLabels(ClassDataset):
+    def __getitem__(self, i):
+        row = super().__getitem__(i)
+        return {"x": row["x"], "labels": row["labels"].float()}
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(RegressionDataset(8))
+
+
+def frozen():
+    model = RegressionModel()
+    model.requires_grad_(False)
+    return model
+
+
+class NeedsArgs(TrainerCallback):
+    def __init__(self, when):
+        self.when = when
+
+
+def other_optimizer():
+    return torch.optim.SGD(RegressionModel().parameters(), lr=0.1)
+
+
+def scheduler_of(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def metrics_returning(value):
+    return lambda prediction: value
+
+
+EVAL = dict(eval_dataset=RegressionDataset(8), args_kw=dict(eval_strategy="steps", eval_steps=1, eval_on_start=True))
+
+
+# ------------------------------------------------------------------ checkpoint set-ups (before the snapshot)
+
+
+def with_checkpoint(change: Callable[[str], None] | None = None):
+    """output_dir with checkpoint-2 of a finished tiny run (copied from one made per module), then ``change``."""
+
+    def setup(out, base):
+        shutil.rmtree(out)
+        shutil.copytree(base, out)
+        if change is not None:
+            change(os.path.join(out, "checkpoint-2"))
+
+    return setup
+
+
+def truncate(name):
+    def change(folder):
+        path = os.path.join(folder, name)
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])
+
+    return change
+
+
+def rewrite_json(name, text):
+    def change(folder):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+
+    return change
+
+
+def weights_only_checkpoint(folder):
+    """What save_only_model=True writes (here without a manifest, as transformers writes it)."""
+    for name in ("optimizer.pt", "scheduler.pt", "checkpoint_manifest.json"):
+        os.remove(os.path.join(folder, name))
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def evil(name):
+    def change(folder):
+        torch.save({"state": Evil()}, os.path.join(folder, name))
+
+    return change
+
+
+def locked(out, base):
+    with open(os.path.join(out, LOCK_NAME), "w") as f:  # the pytest process's parent: alive, on this host
+        json.dump({"pid": os.getppid(), "host": __import__("socket").gethostname()}, f)
+
+
+def blocked(out, base):
+    with open(os.path.join(out, "file"), "w") as f:
+        f.write("a file where a folder is needed")
+
+
+# ------------------------------------------------------------------ the table
+
+
+@dataclass
+class Row:
+    id: str
+    run: Callable[[str], Any]  # given output_dir; raises
+    error: type
+    culprits: tuple[str, ...]
+    setup: Callable[[str, str], None] | None = field(default=None)
+
+
+def arg_row(name, value, *culprits, **extra):
+    kw = {name: value, **extra}
+    return Row(f"args-{name}={value!r}"[:60], lambda out: args(out, **kw), ValueError, (name, *culprits))
+
+
+ROWS = [
+    # --- TrainingArguments: single values
+    arg_row("learning_rate", -1.0, "-1.0"),
+    arg_row("weight_decay", -0.1, "-0.1"),
+    arg_row("adam_beta1", 1.5, "1.5"),
+    arg_row("adam_beta2", -0.1, "-0.1"),
+    arg_row("adam_epsilon", -1e-8, "-1e-08"),
+    arg_row("max_grad_norm", -1.0, "-1.0"),
+    arg_row("label_smoothing_factor", 1.0, "1.0"),
+    arg_row("gradient_accumulation_steps", 0, "=0"),
+    arg_row("gradient_accumulation_steps", 1.5, "1.5"),
+    arg_row("per_device_train_batch_size", 0, "=0"),
+    arg_row("per_device_eval_batch_size", -1, "-1"),
+    arg_row("num_train_epochs", -1, "-1"),
+    arg_row("num_train_epochs", math.inf, "inf", "max_steps"),
+    arg_row("num_train_epochs", math.nan, "nan"),
+    arg_row("max_steps", 0, "=0"),
+    arg_row("max_steps", 2.5, "2.5"),
+    arg_row("warmup_steps", -1, "-1"),
+    arg_row("warmup_steps", 2.5, "2.5"),
+    arg_row("save_total_limit", 0, "=0"),
+    arg_row("eval_accumulation_steps", 0, "=0"),
+    arg_row("dataloader_num_workers", -1, "-1"),
+    arg_row("seed", -1, "-1"),
+    arg_row("data_seed", 2**32, str(2**32)),
+    arg_row("torch_empty_cache_steps", 0, "=0"),
+    arg_row("neftune_noise_alpha", -1.0, "-1.0"),
+    arg_row("logging_steps", 0, "=0", logging_strategy="steps"),
+    arg_row("save_steps", 1.5, "1.5", save_strategy="steps"),
+    arg_row("eval_steps", -2, "-2", eval_strategy="steps"),
+    # --- TrainingArguments: names and combinations
+    arg_row("eval_strategy", "sometimes", "'sometimes'", "'epoch'"),
+    arg_row("lr_scheduler_type", "zigzag", "'zigzag'", "'cosine'"),
+    arg_row("optim", "sgdd", "'sgdd'", "'adamw_torch'"),
+    arg_row("log_level", "loud", "'loud'"),
+    arg_row("train_sampling_strategy", "shuffle", "'shuffle'"),
+    arg_row("debug", "nonsense", "nonsense"),
+    arg_row("report_to", "nope", "'nope'"),
+    arg_row("output_dir", "", "''", "trainer_output"),
+    arg_row("lr_scheduler_kwargs", "{not json", "{not json"),
+    arg_row("save_safetensors", False, "False"),
+    arg_row("dataloader_prefetch_factor", 2, "dataloader_num_workers=0"),
+    arg_row("bf16", True, "fp16=True", fp16=True),
+    arg_row("evaluation_strategy", "steps", "eval_strategy='epoch'", eval_strategy="epoch"),
+    arg_row("lr_scheduler_type", "reduce_lr_on_plateau", "eval_strategy='no'"),
+    arg_row("load_best_model_at_end", True, "save_strategy='no'", eval_strategy="steps"),
+    arg_row("save_steps", 3, "eval_steps=2", load_best_model_at_end=True, eval_strategy="steps", eval_steps=2,
+            save_strategy="steps"),
+    arg_row("fsdp", "full_shard", "FSDP"),
+    arg_row("push_to_hub", True, "Hub"),
+    # --- the Trainer's own arguments
+    Row("trainer-no-model", lambda out: Trainer(None, args(out)), ValueError, ("model=", "model_init=")),
+    Row("trainer-dataset-int", lambda out: fit(out, train_dataset=42), ValueError, ("train_dataset", "int")),
+    Row("trainer-dataset-empty", lambda out: fit(out, train_dataset=[]), ValueError, ("train_dataset", "empty")),
+    Row("trainer-eval-dataset-empty", lambda out: fit(out, eval_dataset=[]), ValueError, ("eval_dataset", "empty")),
+    Row("trainer-eval-without-dataset", lambda out: fit(out, args_kw=dict(eval_strategy="steps", eval_steps=1)),
+        ValueError, ("eval_strategy='steps'", "eval_dataset")),
+    Row("trainer-stream-without-max-steps", lambda out: fit(out, train_dataset=Stream(), args_kw=dict(max_steps=-1)),
+        ValueError, ("train_dataset", "max_steps")),
+    Row("trainer-no-batch", lambda out: fit(out, train_dataset=RegressionDataset(3),
+                                            args_kw=dict(dataloader_drop_last=True)),
+        ValueError, ("per_device_train_batch_size=4", "dataloader_drop_last")),
+    Row("optimizers-scheduler-without-optimizer", lambda out: fit(out, optimizers=(None, scheduler_of(other_optimizer()))),
+        ValueError, ("optimizers=(None, LambdaLR)", "scheduler was passed without its optimizer")),
+    Row("optimizers-other-models-parameters", lambda out: fit(out, optimizers=(other_optimizer(), None)),
+        ValueError, ("optimizers=(SGD", "none of the optimizer's 2 parameters", "RegressionModel")),
+    Row("optimizers-not-an-optimizer", lambda out: fit(out, optimizers=("adam", None)),
+        TypeError, ("optimizers=(str", "torch.optim.Optimizer")),
+    Row("optimizers-scheduler-of-another-optimizer",
+        lambda out: (lambda m: fit(out, model=m, optimizers=(torch.optim.SGD(m.parameters(), lr=0.1),
+                                                             scheduler_of(other_optimizer())))
+                     )(RegressionModel()),
+        ValueError, ("optimizers=(SGD, LambdaLR)", "another optimizer")),
+    Row("callbacks-object", lambda out: fit(out, callbacks=[object()]), TypeError, ("callbacks", "object")),
+    Row("callbacks-class-needing-arguments", lambda out: fit(out, callbacks=[NeedsArgs]),
+        TypeError, ("callbacks", "NeedsArgs", "instance")),
+    Row("metric-for-best-model-unobtainable",
+        lambda out: fit(out, eval_dataset=RegressionDataset(8),
+                        args_kw=dict(eval_strategy="steps", eval_steps=1, metric_for_best_model="accuracy")),
+        ValueError, ("metric_for_best_model='accuracy'", "compute_metrics=None")),
+    Row("save-best-without-evaluation", lambda out: fit(out, args_kw=dict(save_strategy="best")),
+        ValueError, ("save_strategy='best'", "eval_strategy='no'")),
+    Row("train-unknown-keyword", lambda out: Trainer(RegressionModel(), args(out), train_dataset=RegressionDataset(8))
+        .train(model_path="x"), TypeError, ("model_path",)),
+    Row("neftune-without-embeddings", lambda out: fit(out, args_kw=dict(neftune_noise_alpha=5.0)),
+        ValueError, ("neftune_noise_alpha", "RegressionModel")),
+    # --- models and losses (found on the first batch, before the optimizer steps)
+    Row("model-frozen", lambda out: fit(out, model=frozen()), ValueError, ("RegressionModel", "requires_grad=True")),
+    Row("model-loss-without-grad", lambda out: fit(out, model=NoGradLoss()), ValueError,
+        ("NoGradLoss", "does not require a gradient")),
+    Row("model-loss-not-scalar", lambda out: fit(out, model=RowLoss()), ValueError, ("RowLoss", "shape (4,)", "mean")),
+    Row("model-tuple-loss-not-scalar", lambda out: fit(out, model=TupleRowLoss()), ValueError,
+        ("did not return a loss", "tuple")),
+    Row("model-without-loss", lambda out: fit(out, model=NoLoss()), ValueError, ("did not return a loss", "labels")),
+    Row("compute-loss-func-python-float", lambda out: fit(out, compute_loss_func=lambda o, labels, num_items_in_batch=None: 1.5),
+        TypeError, ("compute_loss_func", "float", "1.5")),
+    Row("labels-float-for-classification", lambda out: fit(out, model=Classifier(), train_dataset=FloatLabels(8)),
+        ValueError, ("labels have dtype torch.float32", "class indices")),
+    # --- collators
+    Row("collator-returns-none", lambda out: fit(out, data_collator=lambda rows: None), TypeError,
+        ("data_collator returned None",)),
+    Row("collator-returns-samples", lambda out: fit(out, data_collator=lambda rows: rows), TypeError,
+        ("data_collator returned a list of 4 dict",)),
+    Row("collator-returns-tensor", lambda out: fit(out, data_collator=lambda rows: torch.zeros(4, 3)), TypeError,
+        ("data_collator returned a bare tensor of shape (4, 3)",)),
+    Row("collator-returns-string", lambda out: fit(out, data_collator=lambda rows: "batch"), TypeError,
+        ("data_collator returned a str",)),
+    Row("eval-collator-returns-none", lambda out: fit(out, data_collator=lambda rows: None, **EVAL), TypeError,
+        ("data_collator returned None",)),
+    # --- metrics (evaluated on start, before the first step)
+    Row("metrics-not-a-dict", lambda out: fit(out, compute_metrics=metrics_returning([0.5]), **EVAL), TypeError,
+        ("compute_metrics", "returned list", "not a dict")),
+    Row("metrics-string-value", lambda out: fit(out, compute_metrics=metrics_returning({"label": "good"}), **EVAL),
+        TypeError, ("compute_metrics", "label='good'", "str")),
+    Row("metrics-vector-tensor", lambda out: fit(out, compute_metrics=metrics_returning({"acc": torch.ones(3)}), **EVAL),
+        TypeError, ("compute_metrics", "acc=", "Tensor")),
+    Row("metrics-array", lambda out: fit(out, compute_metrics=metrics_returning({"acc": np.ones(2)}), **EVAL),
+        TypeError, ("compute_metrics", "acc=", "ndarray")),
+    Row("metrics-none-value", lambda out: fit(out, compute_metrics=metrics_returning({"acc": None}), **EVAL),
+        TypeError, ("compute_metrics", "acc=", "NoneType")),
+    # --- output_dir
+    Row("output-dir-unwritable", lambda out: fit(os.path.join(out, "file", "run")), ValueError,
+        ("output_dir=", "file/run", "cannot be written"), setup=blocked),
+    Row("output-dir-of-another-run", lambda out: fit(out), ValueError,
+        ("output_dir=", "checkpoint-2", "resume_from_checkpoint", "overwrite_output_dir=True"), setup=with_checkpoint()),
+    Row("output-dir-in-use", lambda out: fit(out), ValueError, ("output_dir=", "in use by another run", LOCK_NAME),
+        setup=locked),
+    # --- checkpoints
+    Row("resume-true-without-checkpoint", lambda out: fit(out, resume=True), ValueError,
+        ("resume_from_checkpoint=True", "no complete checkpoint-N")),
+    Row("resume-missing-folder", lambda out: fit(out, resume=os.path.join(out, "nowhere")), ValueError,
+        ("resume_from_checkpoint=", "nowhere", "is not a folder")),
+    Row("resume-not-a-checkpoint", lambda out: fit(out, resume=out), ValueError,
+        ("resume_from_checkpoint=", "trainer_state.json")),
+    Row("resume-truncated-weights", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")), CorruptCheckpointError,
+        ("checkpoint-2", "model.safetensors", "bytes"), setup=with_checkpoint(truncate("model.safetensors"))),
+    Row("resume-true-only-checkpoint-truncated", lambda out: fit(out, resume=True), CorruptCheckpointError,
+        ("every checkpoint", "checkpoint-2", "optimizer.pt"), setup=with_checkpoint(truncate("optimizer.pt"))),
+    Row("resume-invalid-state-json", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")),
+        CorruptCheckpointError, ("checkpoint-2", "trainer_state.json"), setup=with_checkpoint(rewrite_json("trainer_state.json", "{"))),
+    Row("resume-truncated-rng-state", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")),
+        CorruptCheckpointError, ("checkpoint-2", "rng_state.pth"), setup=with_checkpoint(truncate("rng_state.pth"))),
+    Row("resume-crafted-pickle", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")), UnsafeCheckpointError,
+        ("optimizer.pt", "builtins.print", "nothing in it was executed"), setup=with_checkpoint(evil("optimizer.pt"))),
+    Row("resume-weights-only-checkpoint", lambda out: fit(out, resume=True), ValueError,
+        ("checkpoint-2", "optimizer.pt", "save_only_model"), setup=with_checkpoint(weights_only_checkpoint)),
+    Row("resume-weights-of-another-model", lambda out: fit(out, model=Classifier(), train_dataset=ClassDataset(8),
+                                                            resume=True),
+        ValueError, ("do not fit Classifier", "missing"), setup=with_checkpoint()),
+]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """A finished run's output_dir with checkpoint-2 (the checkpoint rows copy it)."""
+    out = str(tmp_path_factory.mktemp("base") / "run")
+    Trainer(RegressionModel(), args(out, save_strategy="steps", save_steps=2),
+            train_dataset=RegressionDataset(16)).train()
+    assert sorted(os.listdir(out)) == ["checkpoint-2"]
+    return out
+
+
+def snapshot(folder):
+    return {os.path.relpath(os.path.join(root, name), folder): (os.path.getsize(os.path.join(root, name)),
+                                                                os.stat(os.path.join(root, name)).st_mtime_ns)
+            for root, _, names in os.walk(folder) for name in names}
+
+
+def test_the_table_is_large_enough():
+    assert len(ROWS) >= 60 and len({row.id for row in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+def test_bad_input_is_refused_before_the_first_step(tmp_path, base_run, row):
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    with open(os.path.join(out, "notes.txt"), "w") as f:
+        f.write("the user's own file")
+    if row.setup is not None:
+        row.setup(out, base_run)
+    before = snapshot(out)
+    steps = []
+    hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: steps.append(1))
+    try:
+        with pytest.raises(row.error) as info:
+            row.run(out)
+    finally:
+        hook.remove()
+    message = str(info.value)
+    for culprit in row.culprits:
+        assert culprit in message, f"{culprit!r} not named in: {message}"
+    assert not steps, "an optimizer step ran before the error"
+    assert snapshot(out) == before
+
+
+def test_scalar_metrics_are_converted_and_the_checkpoint_is_kept(tmp_path):
+    """0-d and one-element tensors and numpy scalars become Python numbers: logged, saved, comparable."""
+    out = str(tmp_path / "out")
+    metrics = {"t": torch.tensor(0.5), "n": np.float32(0.25), "i": np.int64(3), "one": torch.tensor([2.0])}
+    trainer = Trainer(RegressionModel(), args(out, eval_strategy="steps", eval_steps=1, save_strategy="steps",
+                                              save_steps=1, metric_for_best_model="t"),
+                      train_dataset=RegressionDataset(16), eval_dataset=RegressionDataset(8),
+                      compute_metrics=metrics_returning(metrics))
+    trainer.train()
+    logged = next(h for h in trainer.state.log_history if "eval_t" in h)
+    assert [(logged[f"eval_{k}"], type(logged[f"eval_{k}"])) for k in metrics] == [
+        (0.5, float), (0.25, float), (3, int), (2.0, float)]
+    with open(os.path.join(out, "checkpoint-2", "trainer_state.json")) as f:
+        assert json.load(f)["best_metric"] == 0.5
