@@ -96,12 +96,16 @@ def test_resume_loads_the_adapter_exactly(tmp_path):
         assert torch.equal(value, base(full.model)[name]), name
 
 
-def test_resume_refuses_a_checkpoint_of_another_adapter(tmp_path):
+def test_resume_refuses_a_checkpoint_without_its_adapter(tmp_path):
     out = str(tmp_path / "run")
     run(out, stop=3)
-    os.remove(os.path.join(out, "checkpoint-3", "adapter_model.safetensors"))
+    folder = os.path.join(out, "checkpoint-3")
+    os.remove(os.path.join(folder, "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match="adapter_model.safetensors"):  # the manifest names the missing file
+        run(out, resume=folder)
+    os.remove(os.path.join(folder, "checkpoint_manifest.json"))  # a checkpoint without checksums (transformers')
     with pytest.raises(FileNotFoundError, match="no adapter_model.safetensors for adapter 'default'"):
-        run(out, resume=True)
+        run(out, resume=folder)
 
 
 def test_same_adapter_as_transformers(tmp_path):
