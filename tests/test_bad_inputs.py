@@ -235,7 +235,7 @@ ROWS = [
     arg_row("save_steps", 3, "eval_steps=2", load_best_model_at_end=True, eval_strategy="steps", eval_steps=2,
             save_strategy="steps"),
     arg_row("fsdp", "full_shard", "FSDP"),
-    arg_row("push_to_hub", True, "Hub"),
+    arg_row("hub_strategy", "sometimes", "'sometimes'"),
     # --- the Trainer's own arguments
     Row("trainer-no-model", lambda out: Trainer(None, args(out)), ValueError, ("model=", "model_init=")),
     Row("trainer-dataset-int", lambda out: fit(out, train_dataset=42), ValueError, ("train_dataset", "int")),
