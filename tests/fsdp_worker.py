@@ -1,0 +1,54 @@
+"""Run by test_fsdp.py (under torchrun, or alone for the one-process reference): train a float64 tiny GPT-2,
+optionally with FSDP, stopping at or resuming from a checkpoint; save the final model with save_model.
+
+usage: fsdp_worker.py OUT_DIR --batch B [--fsdp WORDS] [--config JSON] [--no-items] [--stop N] [--resume [DIR]]"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tiny import LMDataset, lm_collate, stop_at, tiny_gpt2  # noqa: E402
+
+from cadence import Trainer, TrainingArguments  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--fsdp", default=None)
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--no-items", action="store_true")
+    parser.add_argument("--stop", type=int, default=None)
+    parser.add_argument("--save-steps", type=int, default=500)
+    parser.add_argument("--resume", nargs="?", const=True, default=None)
+    parser.add_argument("--ignore-data-skip", action="store_true")
+    opts = parser.parse_args()
+    torch.set_num_threads(1)
+    model = tiny_gpt2(seed=3).double()
+    if opts.no_items:  # its loss is the mean over its own batch: cadence reweights it
+        model.accepts_loss_kwargs = False
+    args = TrainingArguments(
+        output_dir=opts.out, per_device_train_batch_size=opts.batch, gradient_accumulation_steps=2,
+        num_train_epochs=2, learning_rate=3e-3, weight_decay=0.1, max_grad_norm=0.5, optim="adamw_torch",
+        lr_scheduler_type="linear", logging_steps=1, save_steps=opts.save_steps, disable_tqdm=True, seed=7,
+        use_cpu=True, fsdp=opts.fsdp, fsdp_config=json.loads(opts.config) if opts.config else None,
+        ignore_data_skip=opts.ignore_data_skip, report_to="none",
+    )
+    trainer = Trainer(model, args, train_dataset=LMDataset(48), data_collator=lm_collate,
+                      callbacks=[stop_at(opts.stop)] if opts.stop else [])
+    trainer.train(resume_from_checkpoint=opts.resume)
+    trainer.save_model(os.path.join(opts.out, "final"))
+    if args.process_index == 0:
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+        with open(os.path.join(opts.out, "final", "losses.json"), "w") as f:
+            json.dump({"losses": losses, "grad_norms": norms, "step": trainer.state.global_step}, f)
+
+
+if __name__ == "__main__":
+    main()
