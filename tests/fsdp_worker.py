@@ -16,6 +16,23 @@ from tiny import LMDataset, lm_collate, stop_at, tiny_gpt2  # noqa: E402
 from cadence import Trainer, TrainingArguments  # noqa: E402
 
 
+class MeanLossGPT2(torch.nn.Module):
+    """GPT-2 whose loss is the float64 mean over its own batch's shifted labels; it takes no
+    num_items_in_batch (cadence reweights it). transformers' own loss runs in float32, which would hide
+    a 1e-9 difference behind float32 rounding."""
+
+    shifts_labels = True
+
+    def __init__(self):
+        super().__init__()
+        self.gpt = tiny_gpt2(seed=3).double()
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.gpt(input_ids=input_ids, attention_mask=attention_mask).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        return {"loss": loss, "logits": logits}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -29,9 +46,7 @@ def main() -> None:
     parser.add_argument("--ignore-data-skip", action="store_true")
     opts = parser.parse_args()
     torch.set_num_threads(1)
-    model = tiny_gpt2(seed=3).double()
-    if opts.no_items:  # its loss is the mean over its own batch: cadence reweights it
-        model.accepts_loss_kwargs = False
+    model = MeanLossGPT2() if opts.no_items else tiny_gpt2(seed=3).double()
     args = TrainingArguments(
         output_dir=opts.out, per_device_train_batch_size=opts.batch, gradient_accumulation_steps=2,
         num_train_epochs=2, learning_rate=3e-3, weight_decay=0.1, max_grad_norm=0.5, optim="adamw_torch",
@@ -46,8 +61,13 @@ def main() -> None:
     if args.process_index == 0:
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+        from torch.distributed.fsdp import FSDPModule
+
+        units = sum(isinstance(m, FSDPModule) for m in trainer.model.modules())  # sharded units (0: unwrapped)
+        checkpointed = sum(type(m).__name__ == "CheckpointWrapper" for m in trainer.model.modules())
         with open(os.path.join(opts.out, "final", "losses.json"), "w") as f:
-            json.dump({"losses": losses, "grad_norms": norms, "step": trainer.state.global_step}, f)
+            json.dump({"losses": losses, "grad_norms": norms, "step": trainer.state.global_step,
+                       "fsdp_units": units, "checkpointed": checkpointed}, f)
 
 
 if __name__ == "__main__":

@@ -432,6 +432,8 @@ class _FullyShard:
 
             for name, layer in layers:
                 model.set_submodule(name, checkpoint_wrapper(layer))
+            if getattr(getattr(model, "config", None), "use_cache", False):  # a cache filled twice (forward and
+                model.config.use_cache = False  # its recomputation) breaks the shapes, as transformers warns
             layers = [(n, model.get_submodule(n)) for n, _ in layers]
         before = {_fqn(n): p for n, p in model.named_parameters()}
         options = dict(
