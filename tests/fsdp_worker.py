@@ -61,10 +61,11 @@ def main() -> None:
     if args.process_index == 0:
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
         from torch.distributed.fsdp import FSDPModule
 
         units = sum(isinstance(m, FSDPModule) for m in trainer.model.modules())  # sharded units (0: unwrapped)
-        checkpointed = sum(type(m).__name__ == "CheckpointWrapper" for m in trainer.model.modules())
+        checkpointed = sum(isinstance(m, CheckpointWrapper) for m in trainer.model.modules())
         with open(os.path.join(opts.out, "final", "losses.json"), "w") as f:
             json.dump({"losses": losses, "grad_norms": norms, "step": trainer.state.global_step,
                        "fsdp_units": units, "checkpointed": checkpointed}, f)
