@@ -29,7 +29,7 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -54,9 +54,19 @@ class Backend:
     def __init__(self, args: Any):
         self.world_size = args.world_size
         self.accelerator = None
-        if self.world_size > 1:
+        self.engine = None  # the DeepSpeed engine, once prepare_model made it
+        self.deepspeed = None
+        if args.deepspeed:
+            _check_deepspeed_usable(args)
+            self.deepspeed = deepspeed_config(args)
+            if "optimizer" in self.deepspeed or "scheduler" in self.deepspeed:
+                raise ValueError(
+                    "the DeepSpeed config has an optimizer/scheduler section: cadence builds both from TrainingArguments "
+                    "(optim, learning_rate, lr_scheduler_type, ...) and DeepSpeed wraps them; remove those sections"
+                )
+        if self.world_size > 1 or self.deepspeed is not None:
             from accelerate import Accelerator
-            from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+            from accelerate.utils import DeepSpeedPlugin, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
             ddp = DistributedDataParallelKwargs(
                 find_unused_parameters=bool(args.ddp_find_unused_parameters),
@@ -65,13 +75,17 @@ class Backend:
                 **({"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb else {}),
             )
             init = InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout), backend=args.ddp_backend)
-            self.accelerator = Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init])
+            engine = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=self.deepspeed)} if self.deepspeed else {}
+            self.accelerator = Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init], **engine)
             self.device = self.accelerator.device
         else:
             self.device = args.device
+        self._args = args
+        self.timeout_s = args.ddp_timeout
         self.process_index = args.process_index
         self.should_save = args.should_save
-        self.amp_dtype = _amp_dtype(args, self.device)
+        # DeepSpeed casts the model itself (its config's fp16/bf16, filled from the arguments): no autocast here
+        self.amp_dtype = None if self.deepspeed else _amp_dtype(args, self.device)
         plugin = fsdp_plugin(args)
         if plugin is not None and self.world_size == 1:
             logger.info("fsdp with one process: nothing to shard, the model trains unwrapped")
@@ -95,6 +109,11 @@ class Backend:
         there are several processes (FSDP: shard in place, and point ``optimizer`` at the sharded parameters)."""
         if self.sharding is not None:
             return self.sharding.shard(model, optimizer)
+        if self.deepspeed is not None and optimizer is not None:  # the engine steps the optimizer (ZeRO partitions it)
+            if self.engine is None:
+                self.accelerator.state.deepspeed_plugin.deepspeed_config.update(deepspeed_config(self._args, model))
+                self.engine, _ = self.accelerator.prepare(model, optimizer)
+            return self.engine
         model = model.to(self.device)
         if self.compile_options is not None and not getattr(model, _COMPILED, False):
             # in place: no wrapper, so state-dict keys carry no `_orig_mod.`; dynamic shapes, so batches padded
@@ -115,8 +134,8 @@ class Backend:
 
         FSDP reduce-scatters every micro-batch instead: skipping it would keep whole unsharded gradients
         on every process, the memory FSDP exists to save (the sum is the same either way)."""
-        if self.accelerator is None or self.sharding is not None:
-            return contextlib.nullcontext()
+        if self.accelerator is None or self.sharding is not None or self.engine is not None:
+            return contextlib.nullcontext()  # DeepSpeed counts the accumulation window itself
         return self.accelerator.no_sync(model)
 
     def autocast(self):
@@ -130,6 +149,8 @@ class Backend:
             loss = self.scaler.scale(loss)
         if self.accelerator is None:
             loss.backward()
+        elif self.engine is not None:  # the loop already normalised over the window: DeepSpeed must not divide again
+            self.accelerator.backward(loss, scale_wrt_gas=False)
         else:
             self.accelerator.backward(loss)
 
@@ -146,6 +167,8 @@ class Backend:
             self.scaler.unscale_(optimizer)
         if self.sharding is not None:
             return self.sharding.clip_grad_norm(parameters, max_norm)
+        if self.engine is not None:  # clipped inside the engine's step (gradient_clipping = max_grad_norm)
+            return torch.tensor(self.engine.get_global_grad_norm() or 0.0, device=self.device)
         if self.accelerator is None:
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
         return self.accelerator.clip_grad_norm_(parameters, max_norm)
@@ -155,6 +178,8 @@ class Backend:
 
         Without a scaler this never reads anything from the device (no host sync).
         """
+        if self.engine is not None:  # the engine stepped in backward at the window's end
+            return bool(self.engine.was_step_applied())
         if self.scaler is None:
             optimizer.step()
             return True
@@ -209,6 +234,26 @@ class Backend:
         if self.accelerator is not None:
             self.accelerator.wait_for_everyone()
 
+    @contextlib.contextmanager
+    def collectives_guard(self, step: Callable[[], int]):
+        """Turn a failed collective (another process died, or did not answer within ``ddp_timeout``) into an
+        error naming this process and the step, instead of a bare transport message (gloo) or a hang.
+
+        Args:
+            step: returns the optimizer step being run, read only when something failed.
+        """
+        try:
+            yield
+        except Exception as error:
+            if self.world_size == 1 or not _is_collective_failure(error):
+                raise
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise RuntimeError(
+                f"process {self.process_index} of {self.world_size} stopped at step {step() + 1}: a collective with the "
+                f"other processes failed ({first_line[:300]}); another process has likely died or did not answer "
+                f"within ddp_timeout={self.timeout_s}s: see its log for the cause"
+            ) from error
+
     # ---------------------------------------------------------------- checkpoints (collectives under FSDP)
 
     def model_state_dict(self, model: torch.nn.Module, folder: str | os.PathLike, full: bool = False) -> dict | None:
@@ -218,6 +263,13 @@ class Backend:
         consolidated full state on the saving process (``{}`` on the others), or ``{}`` once every process
         wrote its shard into ``folder`` (``state_dict_type`` sharded, unless ``full``).
         """
+        if self.engine is not None:
+            if not full:  # DeepSpeed's own format (global_step*/, latest): every process its partitions
+                self.engine.save_checkpoint(str(folder))
+            try:  # ZeRO-3 consolidates only with stage3_gather_16bit_weights_on_model_save
+                return self.accelerator.get_state_dict(self.engine)
+            except ValueError:
+                return {}
         if self.sharding is None:
             return None
         return self.sharding.model_state_dict(model, Path(folder), full)
@@ -226,23 +278,41 @@ class Backend:
         """The optimizer state for ``optimizer.pt``, called by every process: ``optimizer.state_dict()``'s format
         (parameters numbered in group order) whatever the engine, so one process can resume it; None when
         every process wrote its shard into ``folder`` instead (FSDP, ``state_dict_type`` sharded)."""
+        if self.engine is not None:
+            return None  # inside DeepSpeed's checkpoint
         if self.sharding is None:
             return optimizer.state_dict()
         return self.sharding.optimizer_state_dict(model, optimizer, Path(folder))
 
     def load_model_weights(self, model: torch.nn.Module, folder: str | os.PathLike) -> None:
         """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded)."""
-        if self.sharding is None:
+        if self.engine is not None and (Path(folder) / "latest").exists():
+            self.engine.load_checkpoint(str(folder), load_module_only=True)
+        elif self.sharding is None:
             checkpoint.load_model_weights(self.unwrap(model), folder)
         else:
             self.sharding.load_model_weights(model, Path(folder))
 
     def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
         """Restore the optimizer saved in ``folder`` (every process; full ``optimizer.pt`` or shards)."""
-        if self.sharding is None:
+        if self.engine is not None:
+            self.engine.load_checkpoint(str(folder))  # weights and partitioned optimizer state, DeepSpeed's format
+        elif self.sharding is None:
             optimizer.load_state_dict(checkpoint.safe_load(Path(folder) / checkpoint.OPTIMIZER_NAME))
         else:
             self.sharding.load_optimizer_state(model, optimizer, Path(folder))
+
+
+# what torch.distributed's transports say when a peer is gone or silent (gloo raises plain RuntimeErrors)
+_COLLECTIVE_FAILURES = ("connection closed by peer", "connection reset by peer", "timed out", "timeout", "gloo", "nccl",
+                        "broken pipe", "socket")
+
+
+def _is_collective_failure(error: BaseException) -> bool:
+    dist_error = getattr(torch.distributed, "DistError", ())
+    if dist_error and isinstance(error, dist_error):
+        return True
+    return isinstance(error, RuntimeError) and any(word in str(error).lower() for word in _COLLECTIVE_FAILURES)
 
 
 # device type -> how to release its allocator's cache (a CPU has none to release)
@@ -555,3 +625,103 @@ class _FullyShard:
         state = {"state": {order[i]: value for i, value in saved["state"].items()},
                  "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]]}
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+
+# DeepSpeed config entry -> how transformers fills its "auto" from TrainingArguments (and checks a set value)
+_DS_FROM_ARGS: dict[str, Any] = {
+    "train_micro_batch_size_per_gpu": lambda a: a.per_device_train_batch_size,
+    "gradient_accumulation_steps": lambda a: a.gradient_accumulation_steps,
+    "train_batch_size": lambda a: a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size,
+    "gradient_clipping": lambda a: a.max_grad_norm,
+    "optimizer.params.lr": lambda a: a.learning_rate,
+    "optimizer.params.betas": lambda a: [a.adam_beta1, a.adam_beta2],
+    "optimizer.params.eps": lambda a: a.adam_epsilon,
+    "optimizer.params.weight_decay": lambda a: a.weight_decay,
+    "scheduler.params.warmup_max_lr": lambda a: a.learning_rate,
+    "fp16.enabled": lambda a: bool(a.fp16 or a.fp16_full_eval),
+    "bf16.enabled": lambda a: bool(a.bf16 or a.bf16_full_eval),
+}
+# filled when "auto", never checked (transformers' "fill only" entries)
+_DS_FILL_ONLY: dict[str, Any] = {"scheduler.params.warmup_min_lr": lambda a: 0}
+# filled once the model and the number of steps are known (fill only)
+_DS_FROM_MODEL: dict[str, Any] = {
+    "zero_optimization.reduce_bucket_size": lambda hidden, steps, a: hidden * hidden,
+    "zero_optimization.stage3_prefetch_bucket_size": lambda hidden, steps, a: int(0.9 * hidden * hidden),
+    "zero_optimization.stage3_param_persistence_threshold": lambda hidden, steps, a: 10 * hidden,
+    "scheduler.params.total_num_steps": lambda hidden, steps, a: steps,
+    "scheduler.params.warmup_num_steps": lambda hidden, steps, a: a.get_warmup_steps(steps) if steps else None,
+}
+
+
+def _ds_entry(config: dict, dotted: str) -> tuple[dict | None, str]:
+    *parents, key = dotted.split(".")
+    for name in parents:
+        config = config.get(name)
+        if not isinstance(config, dict):
+            return None, key
+    return config, key
+
+
+def deepspeed_config(args: Any, model: torch.nn.Module | None = None, num_training_steps: int | None = None) -> dict:
+    """``args.deepspeed`` (a dict, or the path of a JSON file) with its ``"auto"`` values filled as transformers
+    fills them: batch sizes, accumulation, clipping, optimizer and scheduler values and fp16/bf16 from the
+    arguments; bucket sizes from the model's ``hidden_size`` and the schedule's steps when given.
+
+    Raises:
+        ValueError: a value that is set (not "auto") and differs from the arguments, listed with both values.
+
+    Example:
+        >>> deepspeed_config(TrainingArguments("out", deepspeed={"train_micro_batch_size_per_gpu": "auto"}))
+        {'train_micro_batch_size_per_gpu': 8}
+    """
+    import copy
+    import json
+
+    config = args.deepspeed
+    if isinstance(config, (str, os.PathLike)):
+        with open(config) as f:
+            config = json.load(f)
+    config = copy.deepcopy(dict(config))
+    mismatches = []
+    for dotted, value in [*_DS_FROM_ARGS.items(), *_DS_FILL_ONLY.items()]:
+        section, key = _ds_entry(config, dotted)
+        if section is None or key not in section:
+            continue
+        wanted = value(args)
+        if section[key] == "auto":
+            section[key] = wanted
+        elif dotted in _DS_FROM_ARGS and section[key] != wanted:
+            mismatches.append(f"{dotted}={section[key]!r} but TrainingArguments give {wanted!r}")
+    if mismatches:
+        raise ValueError("the DeepSpeed config disagrees with TrainingArguments: " + "; ".join(mismatches)
+                         + '; set those entries to "auto" or make the arguments match')
+    config_of = getattr(model, "config", None)
+    hidden = getattr(config_of, "hidden_size", None) or max(getattr(config_of, "hidden_sizes", None) or [0]) or None
+    for dotted, value in _DS_FROM_MODEL.items():
+        section, key = _ds_entry(config, dotted)
+        if section is None or section.get(key) != "auto":
+            continue
+        if dotted.startswith("zero_optimization") and model is not None:
+            if hidden is None:
+                raise ValueError(f'the DeepSpeed config has {dotted}="auto" but {type(model).__name__} has no '
+                                 "config.hidden_size to derive it from; set a number there")
+            section[key] = value(hidden, num_training_steps, args)
+        elif dotted.startswith("scheduler") and num_training_steps is not None:
+            section[key] = value(hidden, num_training_steps, args)
+    return config
+
+
+def _check_deepspeed_usable(args: Any) -> None:
+    """A clear error before anything runs: DeepSpeed needs CUDA GPUs and its package."""
+    if args.use_cpu or not torch.cuda.is_available():
+        raise ValueError(
+            "deepspeed=... needs CUDA GPUs: DeepSpeed's ZeRO runs on NVIDIA/AMD GPUs and this run has none "
+            f"({'use_cpu=True' if args.use_cpu else 'torch.cuda.is_available() is False'}); remove deepspeed, or use "
+            "fsdp='full_shard' (torch's FSDP2, which also shards parameters, gradients and optimizer state, on CPUs too)"
+        )
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        raise ImportError("deepspeed=... needs the deepspeed package: pip install deepspeed") from None

@@ -515,8 +515,8 @@ def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any
     ``load_optimizer(folder)`` (the backend's, e.g. for FSDP shards in ``optimizer_0/``) replaces the plain load.
     """
     missing = [name for name in (OPTIMIZER_NAME, SCHEDULER_NAME) if not (folder / name).exists()]
-    if OPTIMIZER_NAME in missing and (folder / OPTIMIZER_SHARDS_NAME).is_dir():  # FSDP's sharded optimizer state
-        missing.remove(OPTIMIZER_NAME)
+    if OPTIMIZER_NAME in missing and ((folder / OPTIMIZER_SHARDS_NAME).is_dir() or (folder / "latest").exists()):
+        missing.remove(OPTIMIZER_NAME)  # FSDP's sharded optimizer state, or DeepSpeed's checkpoint
     if missing:
         raise ValueError(
             f"checkpoint {folder} has no {' / '.join(missing)} (written with save_only_model=True?): it holds weights "

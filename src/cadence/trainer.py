@@ -427,8 +427,9 @@ class Trainer:
         self.is_in_train = True
         hooks = self._attach_training_hooks()
         try:
-            return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                                             ignore_keys_for_eval=ignore_keys_for_eval)
+            with self.backend.collectives_guard(lambda: self.state.global_step):  # a dead process: named error, no hang
+                return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint,
+                                                 trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
         finally:  # removed even on an error: the saved and later-evaluated model is clean
             self.is_in_train = False
             for hook in hooks:

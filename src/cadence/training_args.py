@@ -532,7 +532,11 @@ class TrainingArguments:
         ),
     )
     deepspeed: dict | str | None = field(
-        default=None, metadata=_help("DeepSpeed configuration (dict or JSON file). Not built yet.")
+        default=None,
+        metadata=_help(
+            "DeepSpeed configuration (dict, JSON string or file; ZeRO stage 1/2/3) run through accelerate on CUDA GPUs; "
+            "'auto' values are filled from these arguments as transformers fills them."
+        ),
     )
 
     # --- Debugging ---
@@ -882,7 +886,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "accelerator_config": "accelerator_config",
     "parallelism_config": "tensor/context parallelism",
-    "deepspeed": "DeepSpeed",
     "optim_target_modules": "GaLore/APOLLO target modules",
 }
 
