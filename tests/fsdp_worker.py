@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=500)
     parser.add_argument("--resume", nargs="?", const=True, default=None)
     parser.add_argument("--ignore-data-skip", action="store_true")
+    parser.add_argument("--best", action="store_true", help="evaluate every 2 steps and load the best model at the end")
     opts = parser.parse_args()
     torch.set_num_threads(1)
     model = MeanLossGPT2() if opts.no_items else tiny_gpt2(seed=3).double()
@@ -53,8 +54,10 @@ def main() -> None:
         lr_scheduler_type="linear", logging_steps=1, save_steps=opts.save_steps, disable_tqdm=True, seed=7,
         use_cpu=True, fsdp=opts.fsdp, fsdp_config=json.loads(opts.config) if opts.config else None,
         ignore_data_skip=opts.ignore_data_skip, report_to="none",
+        **(dict(eval_strategy="steps", eval_steps=2, load_best_model_at_end=True, metric_for_best_model="eval_loss",
+                greater_is_better=True) if opts.best else {}),  # "greater" so that the best is not simply the last
     )
-    trainer = Trainer(model, args, train_dataset=LMDataset(48), data_collator=lm_collate,
+    trainer = Trainer(model, args, train_dataset=LMDataset(48), eval_dataset=LMDataset(19, seed=5), data_collator=lm_collate,
                       callbacks=[stop_at(opts.stop)] if opts.stop else [])
     trainer.train(resume_from_checkpoint=opts.resume)
     trainer.save_model(os.path.join(opts.out, "final"))
@@ -68,6 +71,8 @@ def main() -> None:
         checkpointed = sum(isinstance(m, CheckpointWrapper) for m in trainer.model.modules())
         with open(os.path.join(opts.out, "final", "losses.json"), "w") as f:
             json.dump({"losses": losses, "grad_norms": norms, "step": trainer.state.global_step,
+                       "best": trainer.state.best_model_checkpoint,
+                       "eval_losses": [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h],
                        "fsdp_units": units, "checkpointed": checkpointed}, f)
 
 

@@ -127,3 +127,23 @@ def test_fsdp_checkpoint_resumes_bit_identically(state_dict_type, tmp_path):
     (full_weights, full_logs), (weights, logs) = result(tmp_path / "full"), result(tmp_path / "run")
     assert all(torch.equal(weights[k], v) for k, v in full_weights.items())
     assert logs["losses"] == full_logs["losses"] and logs["grad_norms"] == full_logs["grad_norms"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("state_dict_type", ["FULL_STATE_DICT", "SHARDED_STATE_DICT"])
+def test_fsdp_evaluation_and_load_best_model_at_end(state_dict_type, tmp_path):
+    """Evaluation under FSDP equals one process's; the best checkpoint (step 2 of 6, not the last) is loaded
+    back into the sharded model, and save_model writes it whole."""
+    run(1, tmp_path / "one", "--batch", "8", "--best", "--save-steps", "2")
+    run(2, tmp_path / "two", "--batch", "4", "--fsdp", FSDP, "--best", "--save-steps", "2",
+        "--config", json.dumps({"state_dict_type": state_dict_type}))
+    (ref_weights, ref_logs), (weights, logs) = result(tmp_path / "one"), result(tmp_path / "two")
+    assert ref_logs["best"].endswith("checkpoint-2") and logs["best"].endswith("checkpoint-2")
+    assert logs["eval_losses"] == pytest.approx(ref_logs["eval_losses"], rel=1e-12) and len(logs["eval_losses"]) == 3
+    for name, value in ref_weights.items():  # the step-2 weights, not the step-6 ones
+        assert torch.allclose(weights[name], value, atol=1e-9, rtol=0), name
+    if state_dict_type == "FULL_STATE_DICT":
+        from safetensors.torch import load_file
+
+        best = load_file(os.path.join(logs["best"], "model.safetensors"))
+        assert all(torch.equal(weights[k], v) for k, v in best.items())
