@@ -440,8 +440,10 @@ def fsdp_plugin(args: Any):
         if args.fsdp_config:
             raise ValueError("fsdp_config is set but fsdp is not: FSDP is off; set fsdp='full_shard' (or remove fsdp_config)")
         return None
-    if not hasattr(torch.distributed, "fsdp") or not hasattr(torch.distributed.fsdp, "fully_shard"):
-        raise ValueError(f"fsdp needs torch >= 2.6 (FSDP2's fully_shard); this is torch {torch.__version__}: upgrade torch")
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        raise ValueError(f"fsdp needs torch >= 2.6 (FSDP2's fully_shard); this is torch {torch.__version__}: upgrade torch") from None
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     if not words:  # `accelerate launch --config_file` with distributed_type FSDP: its FSDP_* variables
