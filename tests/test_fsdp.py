@@ -147,3 +147,40 @@ def test_fsdp_evaluation_and_load_best_model_at_end(state_dict_type, tmp_path):
 
         best = load_file(os.path.join(logs["best"], "model.safetensors"))
         assert all(torch.equal(weights[k], v) for k, v in best.items())
+
+
+@pytest.mark.parametrize("fsdp, config, message", [
+    ("full_shard typo", None, r"\['typo'\] unknown"),
+    ("no_shard", None, "plain data parallelism"),
+    ("full_shard shard_grad_op", None, "more than one sharding strategy"),
+    (None, {"version": 2}, "fsdp_config is set but fsdp is not"),
+    ("full_shard", {"version": 1}, "FSDP2 only"),
+    ("full_shard", {"fsdp_min_num_params": 10, "sharding": 1}, r"unknown keys \['sharding'\]"),
+    ("full_shard", {"state_dict_type": "LOCAL_STATE_DICT"}, "state_dict_type='LOCAL_STATE_DICT' is invalid"),
+])
+def test_bad_fsdp_settings_are_refused_before_training(fsdp, config, message, tmp_path):
+    from cadence.backend import fsdp_plugin
+    from cadence import TrainingArguments
+
+    with pytest.raises(ValueError, match=message):
+        fsdp_plugin(TrainingArguments(str(tmp_path), fsdp=fsdp, fsdp_config=config, report_to="none"))
+
+
+def test_fsdp_settings_map_to_the_plugin(tmp_path):
+    from cadence.backend import fsdp_plugin
+    from cadence import TrainingArguments
+
+    def plugin(fsdp, config=None):
+        return fsdp_plugin(TrainingArguments(str(tmp_path), fsdp=fsdp, fsdp_config=config, report_to="none"))
+
+    full = plugin("full_shard")
+    assert full.fsdp_version == 2 and full.reshard_after_forward is True and full.state_dict_type == "FULL_STATE_DICT"
+    assert full.auto_wrap_policy is None or "no_wrap" in str(full.auto_wrap_policy).lower()
+    zero2 = plugin(["shard_grad_op", "offload", "auto_wrap"], {"fsdp_state_dict_type": "SHARDED_STATE_DICT"})
+    assert zero2.reshard_after_forward is False and zero2.state_dict_type == "SHARDED_STATE_DICT"
+    assert type(zero2.cpu_offload).__name__ == "CPUOffloadPolicy"
+    assert zero2.auto_wrap_policy.__name__ == "transformer_auto_wrap_policy"
+    sized = plugin("full_shard auto_wrap", {"min_num_params": 1000})
+    assert sized.auto_wrap_policy.__name__ == "size_based_auto_wrap_policy" and sized.min_num_params == 1000
+    assert plugin("hybrid_shard").hybrid and not plugin("full_shard").hybrid
+    assert plugin(None) is None
