@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from tiny import LMDataset, lm_collate, stop_at, tiny_gpt2  # noqa: E402
 
-from cadence import Trainer, TrainingArguments  # noqa: E402
+from cadence import EarlyStoppingCallback, Trainer, TrainingArguments  # noqa: E402
 
 
 class MeanLossGPT2(torch.nn.Module):
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--resume", nargs="?", const=True, default=None)
     parser.add_argument("--ignore-data-skip", action="store_true")
     parser.add_argument("--best", action="store_true", help="evaluate every 2 steps and load the best model at the end")
+    parser.add_argument("--early-stop", action="store_true", help="with --best: stop after 1 evaluation without progress")
     opts = parser.parse_args()
     torch.set_num_threads(1)
     model = MeanLossGPT2() if opts.no_items else tiny_gpt2(seed=3).double()
@@ -59,7 +60,10 @@ def main() -> None:
     )
     trainer = Trainer(model, args, train_dataset=LMDataset(48), eval_dataset=LMDataset(19, seed=5), data_collator=lm_collate,
                       callbacks=[stop_at(opts.stop)] if opts.stop else [])
+    if opts.early_stop:
+        trainer.add_callback(EarlyStoppingCallback(early_stopping_patience=1))
     trainer.train(resume_from_checkpoint=opts.resume)
+    print(f"STOPPED {args.process_index} {trainer.state.global_step}", flush=True)
     trainer.save_model(os.path.join(opts.out, "final"))
     if args.process_index == 0:
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

@@ -18,6 +18,7 @@ FSDP = "full_shard auto_wrap"
 
 
 def run(nproc, out, *extra):
+    """Run fsdp_worker.py on ``nproc`` processes; returns the finished process (stdout has each rank's STOPPED line)."""
     src = os.path.join(os.path.dirname(HERE), "src")  # this checkout's cadence, even beside another install
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
     worker = [os.path.join(HERE, "fsdp_worker.py"), str(out), *extra]
@@ -184,3 +185,12 @@ def test_fsdp_settings_map_to_the_plugin(tmp_path):
     assert sized.auto_wrap_policy.__name__ == "size_based_auto_wrap_policy" and sized.min_num_params == 1000
     assert plugin("hybrid_shard").hybrid and not plugin("full_shard").hybrid
     assert plugin(None) is None
+
+
+@pytest.mark.slow
+def test_fsdp_early_stopping_stops_every_process_at_the_same_step(tmp_path):
+    """Evaluation at step 4 is no better than at step 2: every process decides to stop at step 4 from the same
+    (reduced) metric, so none is left waiting in a collective."""
+    proc = run(2, tmp_path, "--batch", "4", "--fsdp", FSDP, "--best", "--early-stop", "--save-steps", "2")
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("STOPPED")) == ["STOPPED 0 4", "STOPPED 1 4"]
+    assert result(tmp_path)[1]["best"].endswith("checkpoint-2")
