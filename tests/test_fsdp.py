@@ -194,3 +194,18 @@ def test_fsdp_early_stopping_stops_every_process_at_the_same_step(tmp_path):
     proc = run(2, tmp_path, "--batch", "4", "--fsdp", FSDP, "--best", "--early-stop", "--save-steps", "2")
     assert sorted(line for line in proc.stdout.splitlines() if line.startswith("STOPPED")) == ["STOPPED 0 4", "STOPPED 1 4"]
     assert result(tmp_path)[1]["best"].endswith("checkpoint-2")
+
+
+@pytest.mark.slow
+def test_full_fsdp_checkpoint_resumes_on_one_process(reference, tmp_path):
+    """A FULL_STATE_DICT checkpoint of 2 processes x batch 4 resumes on 1 process x batch 8 (the same global
+    batch, so the same data order): it ends where one unbroken process ends (the model has no dropout, so the
+    per-process RNG states, which cannot carry over, do not matter)."""
+    run(2, tmp_path, "--batch", "4", "--fsdp", FSDP, "--save-steps", "2", "--stop", "4")
+    proc = run(1, tmp_path, "--batch", "8", "--fsdp", FSDP, "--save-steps", "2", "--resume")
+    assert "written by 2 process(es), this run has 1: same global batch" in proc.stderr
+    weights, logs = result(tmp_path)
+    ref_weights, ref_logs = reference()
+    for name, value in ref_weights.items():
+        assert torch.allclose(weights[name], value, atol=1e-9, rtol=0), name
+    assert logs["losses"] == pytest.approx(ref_logs["losses"], rel=1e-6) and logs["step"] == 6

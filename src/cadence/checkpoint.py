@@ -461,6 +461,14 @@ class ResumePoint:
     stream_state: dict | None = None
 
 
+def same_global_batch(folder: Path, args: Any) -> bool:
+    """Whether ``folder`` was written with this run's global batch (batch per process x processes), so its data
+    position means the same here: the samplers order the data per global batch, whatever the process count."""
+    saved = (load_training_args(folder) or {}).get("per_device_train_batch_size")
+    world = checkpoint_world_size(folder)
+    return saved is not None and world is not None and saved * world == args.per_device_train_batch_size * args.world_size
+
+
 def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any) -> ResumePoint:
     """Read the position, RNG and loop state of ``folder`` for this process, checking they fit this run.
 
@@ -475,7 +483,7 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
             number of batches per epoch, so its position cannot be found in this run's data.
     """
     saved_world = checkpoint_world_size(folder)
-    if saved_world is not None and saved_world != args.world_size:
+    if saved_world is not None and saved_world != args.world_size and not same_global_batch(folder, args):
         raise ValueError(
             f"checkpoint {folder} was written by {saved_world} process(es) and this run has "
             f"world_size={args.world_size}: the data order and RNG states differ with the number of processes, so the "
@@ -502,8 +510,12 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
         stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
     rng_file = folder / rng_state_name(args.process_index, args.world_size)
-    rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() else None
-    if rng is None:
+    same_world = saved_world in (None, args.world_size)  # another count: another process's RNG is not ours
+    rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() and same_world else None
+    if rng is None and not same_world:
+        logger.warning("checkpoint %s was written by %d process(es), this run has %d: same global batch, so the data "
+                       "continues exactly; the RNG states (dropout) are not restored", folder, saved_world, args.world_size)
+    elif rng is None:
         logger.warning("checkpoint %s has no %s: the RNGs are not restored, so the resumed run is not exact", folder, rng_file.name)
     return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop, stream_state=stream_state)
 

@@ -642,7 +642,8 @@ class Trainer:
         args = self.args
         saved_args = checkpoint.load_training_args(folder) or {}
         if not args.ignore_data_skip:
-            for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+            other_world = checkpoint.same_global_batch(folder, args)  # e.g. 2 x 4 saved, 1 x 8 resuming: the same data
+            for name in ("gradient_accumulation_steps",) if other_world else ("per_device_train_batch_size", "gradient_accumulation_steps"):
                 if name in saved_args and saved_args[name] != getattr(args, name):
                     raise ValueError(
                         f"checkpoint {folder} was written with {name}={saved_args[name]} and this run has "
