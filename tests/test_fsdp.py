@@ -202,8 +202,7 @@ def test_full_fsdp_checkpoint_resumes_on_one_process(reference, tmp_path):
     batch, so the same data order): it ends where one unbroken process ends (the model has no dropout, so the
     per-process RNG states, which cannot carry over, do not matter)."""
     run(2, tmp_path, "--batch", "4", "--fsdp", FSDP, "--save-steps", "2", "--stop", "4")
-    proc = run(1, tmp_path, "--batch", "8", "--fsdp", FSDP, "--save-steps", "2", "--resume")
-    assert "written by 2 process(es), this run has 1: same global batch" in proc.stderr
+    run(1, tmp_path, "--batch", "8", "--fsdp", FSDP, "--save-steps", "2", "--resume")
     weights, logs = result(tmp_path)
     ref_weights, ref_logs = reference()
     for name, value in ref_weights.items():
