@@ -208,3 +208,13 @@ def test_full_fsdp_checkpoint_resumes_on_one_process(reference, tmp_path):
     for name, value in ref_weights.items():
         assert torch.allclose(weights[name], value, atol=1e-9, rtol=0), name
     assert logs["losses"] == pytest.approx(ref_logs["losses"], rel=1e-6) and logs["step"] == 6
+
+
+def test_fsdp_with_torch_compile_is_refused(tmp_path):
+    from tiny import RegressionDataset, RegressionModel
+
+    from cadence import Trainer, TrainingArguments
+
+    args = TrainingArguments(str(tmp_path), fsdp="full_shard", torch_compile=True, use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match="torch_compile=True is not supported"):
+        Trainer(RegressionModel(), args, train_dataset=RegressionDataset())

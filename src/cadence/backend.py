@@ -83,10 +83,12 @@ class Backend:
         self._args = args
         self.timeout_s = args.ddp_timeout
         self.process_index = args.process_index
-        self.should_save = args.should_save
         # DeepSpeed casts the model itself (its config's fp16/bf16, filled from the arguments): no autocast here
         self.amp_dtype = None if self.deepspeed else _amp_dtype(args, self.device)
         plugin = fsdp_plugin(args)
+        if plugin is not None and (self.deepspeed is not None or args.torch_compile):
+            raise ValueError(f"fsdp={args.fsdp!r} with {'deepspeed' if self.deepspeed is not None else 'torch_compile=True'} is "
+                             "not supported: choose FSDP or DeepSpeed, and FSDP runs uncompiled in cadence")
         if plugin is not None and self.world_size == 1:
             logger.info("fsdp with one process: nothing to shard, the model trains unwrapped")
         self.sharding = _FullyShard(plugin, self.device, self.amp_dtype) if plugin is not None and self.world_size > 1 else None
