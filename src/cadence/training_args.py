@@ -514,7 +514,7 @@ class TrainingArguments:
     ddp_timeout: int = field(default=1800, metadata=_help("Seconds before a collective operation times out."))
 
     # --- FSDP / DeepSpeed ---
-    fsdp: str | list[str] | None = field(
+    fsdp: str | None = field(
         default=None,
         metadata=_help(
             "FSDP2 (torch's fully_shard) with several processes, space-separated: one of 'full_shard', "
