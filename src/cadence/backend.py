@@ -1,8 +1,9 @@
 """The only module that knows how processes and devices are run (accelerate over torch.distributed).
 
 The loop asks verbs (``prepare_model``, ``no_sync``, ``autocast``, ``backward``, ``clip_grad_norm``,
-``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``) and never asks which engine is
-underneath. A single process
+``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``, and for checkpoints
+``model_state_dict``, ``optimizer_state_dict``, ``load_model_weights``, ``load_optimizer_state``) and never
+asks which engine is underneath. A single process
 gets no wrapper at all: no DDP module, no optimizer wrapper, no accelerate dataloader; the model
 is only moved to the device. Several processes (``torchrun``/``accelerate launch``) go through
 accelerate's ``Accelerator``, with its gradient accumulation left at 1: cadence normalises the loss
@@ -14,16 +15,25 @@ forward and the loss under ``torch.autocast`` (weights stay float32); ``fp16`` a
 ``optimizer_step`` skips a step whose gradients hold inf/NaN and returns False so that the schedule does
 not advance. ``tf32=True`` needs a CUDA device of compute capability >= 8 (an error elsewhere, as in
 transformers); ``tf32=False`` turns it off on CUDA and does nothing on a CPU.
+
+FSDP (``fsdp``/``fsdp_config`` as transformers spells them, or ``accelerate launch`` with an FSDP config file)
+is torch's FSDP2 ``fully_shard``, configured through accelerate's ``FullyShardedDataParallelPlugin``
+(``fsdp_version=2``) and applied here, on every device type, so the same code runs on CPUs (gloo) and
+GPUs; accelerate's own FSDP path only runs on accelerators. See ``_FullyShard``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
+
+from . import checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +54,19 @@ class Backend:
     def __init__(self, args: Any):
         self.world_size = args.world_size
         self.accelerator = None
-        if self.world_size > 1:
+        self.engine = None  # the DeepSpeed engine, once prepare_model made it
+        self.deepspeed = None
+        if args.deepspeed:
+            _check_deepspeed_usable(args)
+            self.deepspeed = deepspeed_config(args)
+            if "optimizer" in self.deepspeed or "scheduler" in self.deepspeed:
+                raise ValueError(
+                    "the DeepSpeed config has an optimizer/scheduler section: cadence builds both from TrainingArguments "
+                    "(optim, learning_rate, lr_scheduler_type, ...) and DeepSpeed wraps them; remove those sections"
+                )
+        if self.world_size > 1 or self.deepspeed is not None:
             from accelerate import Accelerator
-            from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+            from accelerate.utils import DeepSpeedPlugin, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
             ddp = DistributedDataParallelKwargs(
                 find_unused_parameters=bool(args.ddp_find_unused_parameters),
@@ -55,12 +75,23 @@ class Backend:
                 **({"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb else {}),
             )
             init = InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout), backend=args.ddp_backend)
-            self.accelerator = Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init])
+            engine = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=self.deepspeed)} if self.deepspeed else {}
+            self.accelerator = Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init], **engine)
             self.device = self.accelerator.device
         else:
             self.device = args.device
+        self._args = args
+        self.timeout_s = args.ddp_timeout
         self.process_index = args.process_index
-        self.amp_dtype = _amp_dtype(args, self.device)
+        # DeepSpeed casts the model itself (its config's fp16/bf16, filled from the arguments): no autocast here
+        self.amp_dtype = None if self.deepspeed else _amp_dtype(args, self.device)
+        plugin = fsdp_plugin(args)
+        if plugin is not None and (self.deepspeed is not None or args.torch_compile):
+            raise ValueError(f"fsdp={args.fsdp!r} with {'deepspeed' if self.deepspeed is not None else 'torch_compile=True'} is "
+                             "not supported: choose FSDP or DeepSpeed, and FSDP runs uncompiled in cadence")
+        if plugin is not None and self.world_size == 1:
+            logger.info("fsdp with one process: nothing to shard, the model trains unwrapped")
+        self.sharding = _FullyShard(plugin, self.device, self.amp_dtype) if plugin is not None and self.world_size > 1 else None
         self.eval_dtype = _HALF_DTYPES.get("fp16" if args.fp16_full_eval else "bf16" if args.bf16_full_eval else None)
         if self.eval_dtype is not None:
             _check_dtype_on_device(self.eval_dtype, self.device, "fp16_full_eval" if args.fp16_full_eval else "bf16_full_eval")
@@ -75,9 +106,16 @@ class Backend:
     def is_main_process(self) -> bool:
         return self.process_index == 0
 
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+    def prepare_model(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> torch.nn.Module:
         """Move to the device; compile once with ``torch_compile``; wrap for data parallelism only when
-        there are several processes."""
+        there are several processes (FSDP: shard in place, and point ``optimizer`` at the sharded parameters)."""
+        if self.sharding is not None:
+            return self.sharding.shard(model, optimizer)
+        if self.deepspeed is not None and optimizer is not None:  # the engine steps the optimizer (ZeRO partitions it)
+            if self.engine is None:
+                self.accelerator.state.deepspeed_plugin.deepspeed_config.update(deepspeed_config(self._args, model))
+                self.engine, _ = self.accelerator.prepare(model, optimizer)
+            return self.engine
         model = model.to(self.device)
         if self.compile_options is not None and not getattr(model, _COMPILED, False):
             # in place: no wrapper, so state-dict keys carry no `_orig_mod.`; dynamic shapes, so batches padded
@@ -94,9 +132,12 @@ class Backend:
         return getattr(model, "_orig_mod", model)
 
     def no_sync(self, model: torch.nn.Module):
-        """Skip the gradient all-reduce for a micro-batch that is not the last of its step."""
-        if self.accelerator is None:
-            return contextlib.nullcontext()
+        """Skip the gradient all-reduce for a micro-batch that is not the last of its step.
+
+        FSDP reduce-scatters every micro-batch instead: skipping it would keep whole unsharded gradients
+        on every process, the memory FSDP exists to save (the sum is the same either way)."""
+        if self.accelerator is None or self.sharding is not None or self.engine is not None:
+            return contextlib.nullcontext()  # DeepSpeed counts the accumulation window itself
         return self.accelerator.no_sync(model)
 
     def autocast(self):
@@ -110,6 +151,8 @@ class Backend:
             loss = self.scaler.scale(loss)
         if self.accelerator is None:
             loss.backward()
+        elif self.engine is not None:  # the loop already normalised over the window: DeepSpeed must not divide again
+            self.accelerator.backward(loss, scale_wrt_gas=False)
         else:
             self.accelerator.backward(loss)
 
@@ -124,6 +167,10 @@ class Backend:
         """
         if self.scaler is not None and optimizer is not None:
             self.scaler.unscale_(optimizer)
+        if self.sharding is not None:
+            return self.sharding.clip_grad_norm(parameters, max_norm)
+        if self.engine is not None:  # clipped inside the engine's step (gradient_clipping = max_grad_norm)
+            return torch.tensor(self.engine.get_global_grad_norm() or 0.0, device=self.device)
         if self.accelerator is None:
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
         return self.accelerator.clip_grad_norm_(parameters, max_norm)
@@ -133,6 +180,8 @@ class Backend:
 
         Without a scaler this never reads anything from the device (no host sync).
         """
+        if self.engine is not None:  # the engine stepped in backward at the window's end
+            return bool(self.engine.was_step_applied())
         if self.scaler is None:
             optimizer.step()
             return True
@@ -200,6 +249,86 @@ class Backend:
         if self.accelerator is not None:
             self.accelerator.end_training()
 
+    @contextlib.contextmanager
+    def collectives_guard(self, step: Callable[[], int]):
+        """Turn a failed collective (another process died, or did not answer within ``ddp_timeout``) into an
+        error naming this process and the step, instead of a bare transport message (gloo) or a hang.
+
+        Args:
+            step: returns the optimizer step being run, read only when something failed.
+        """
+        try:
+            yield
+        except Exception as error:
+            if self.world_size == 1 or not _is_collective_failure(error):
+                raise
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise RuntimeError(
+                f"process {self.process_index} of {self.world_size} stopped at step {step() + 1}: a collective with the "
+                f"other processes failed ({first_line[:300]}); another process has likely died or did not answer "
+                f"within ddp_timeout={self.timeout_s}s: see its log for the cause"
+            ) from error
+
+    # ---------------------------------------------------------------- checkpoints (collectives under FSDP)
+
+    def model_state_dict(self, model: torch.nn.Module, folder: str | os.PathLike, full: bool = False) -> dict | None:
+        """The weights to write into ``folder``, called by every process (FSDP gathers them).
+
+        Returns None when the model's own ``state_dict`` is the one to save (no sharding); under FSDP the
+        consolidated full state on the saving process (``{}`` on the others), or ``{}`` once every process
+        wrote its shard into ``folder`` (``state_dict_type`` sharded, unless ``full``).
+        """
+        if self.engine is not None:
+            if not full:  # DeepSpeed's own format (global_step*/, latest): every process its partitions
+                self.engine.save_checkpoint(str(folder))
+            try:  # ZeRO-3 consolidates only with stage3_gather_16bit_weights_on_model_save
+                return self.accelerator.get_state_dict(self.engine)
+            except ValueError:
+                return {}
+        if self.sharding is None:
+            return None
+        return self.sharding.model_state_dict(model, Path(folder), full)
+
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> dict | None:
+        """The optimizer state for ``optimizer.pt``, called by every process: ``optimizer.state_dict()``'s format
+        (parameters numbered in group order) whatever the engine, so one process can resume it; None when
+        every process wrote its shard into ``folder`` instead (FSDP, ``state_dict_type`` sharded)."""
+        if self.engine is not None:
+            return None  # inside DeepSpeed's checkpoint
+        if self.sharding is None:
+            return optimizer.state_dict()
+        return self.sharding.optimizer_state_dict(model, optimizer, Path(folder))
+
+    def load_model_weights(self, model: torch.nn.Module, folder: str | os.PathLike) -> None:
+        """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded)."""
+        if self.engine is not None and (Path(folder) / "latest").exists():
+            self.engine.load_checkpoint(str(folder), load_module_only=True)
+        elif self.sharding is None:
+            checkpoint.load_model_weights(self.unwrap(model), folder)
+        else:
+            self.sharding.load_model_weights(model, Path(folder))
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
+        """Restore the optimizer saved in ``folder`` (every process; full ``optimizer.pt`` or shards)."""
+        if self.engine is not None:
+            self.engine.load_checkpoint(str(folder))  # weights and partitioned optimizer state, DeepSpeed's format
+        elif self.sharding is None:
+            optimizer.load_state_dict(checkpoint.safe_load(Path(folder) / checkpoint.OPTIMIZER_NAME))
+        else:
+            self.sharding.load_optimizer_state(model, optimizer, Path(folder))
+
+
+# what torch.distributed's transports say when a peer is gone or silent (gloo raises plain RuntimeErrors)
+_COLLECTIVE_FAILURES = ("connection closed by peer", "connection reset by peer", "timed out", "timeout", "gloo", "nccl",
+                        "broken pipe", "socket")
+
+
+def _is_collective_failure(error: BaseException) -> bool:
+    dist_error = getattr(torch.distributed, "DistError", ())
+    if dist_error and isinstance(error, dist_error):
+        return True
+    return isinstance(error, RuntimeError) and any(word in str(error).lower() for word in _COLLECTIVE_FAILURES)
+
 
 def main_process_first(args: Any, local: bool = True):
     """accelerate's "main process goes first" barrier (``TrainingArguments.main_process_first``).
@@ -264,3 +393,366 @@ def _apply_tf32(tf32: bool | None, device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(tf32)
     # tf32=False on a CPU: nothing to turn off
+
+
+# ---------------------------------------------------------------------------------------------- FSDP
+
+# transformers' `fsdp` words -> what each sets (sharding words are exclusive; "offload"/"auto_wrap" add)
+_FSDP_SHARDING = {
+    "full_shard": {"reshard_after_forward": True},
+    "shard_grad_op": {"reshard_after_forward": False},
+    "hybrid_shard": {"reshard_after_forward": True, "hybrid": True},
+    "hybrid_shard_zero2": {"reshard_after_forward": False, "hybrid": True},
+}
+_FSDP_WORDS = (*_FSDP_SHARDING, "offload", "auto_wrap")
+# fsdp_config keys cadence reads (transformers' names; an "fsdp_" prefix is accepted, as transformers does)
+_FSDP_CONFIG_KEYS = (
+    "version", "min_num_params", "transformer_layer_cls_to_wrap", "reshard_after_forward", "cpu_offload",
+    "offload_params", "activation_checkpointing", "state_dict_type", "cpu_ram_efficient_loading",
+)
+# FSDP1 options that FSDP2 has no use for: accepted and ignored, so configs written for transformers still run
+_FSDP1_ONLY_KEYS = ("backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states", "limit_all_gathers", "xla")
+_STATE_DICT_TYPES = {"full": "FULL_STATE_DICT", "full_state_dict": "FULL_STATE_DICT",
+                     "sharded": "SHARDED_STATE_DICT", "sharded_state_dict": "SHARDED_STATE_DICT"}
+
+
+def _fsdp_words(fsdp: Any) -> list[str]:
+    if fsdp in (None, False, "", []):
+        return []
+    if fsdp is True:
+        return ["full_shard"]
+    words = fsdp.split() if isinstance(fsdp, str) else [str(getattr(w, "value", w)) for w in fsdp]
+    unknown = [w for w in words if w not in _FSDP_WORDS]
+    if unknown:
+        hint = " ('no_shard' is plain data parallelism: leave fsdp unset)" if "no_shard" in unknown else ""
+        raise ValueError(f"fsdp={fsdp!r} is invalid: {unknown} unknown{hint}; use words from {list(_FSDP_WORDS)}, "
+                         "e.g. fsdp='full_shard auto_wrap'")
+    if sum(w in _FSDP_SHARDING for w in words) > 1:
+        raise ValueError(f"fsdp={fsdp!r} is invalid: it names more than one sharding strategy; keep one of {list(_FSDP_SHARDING)}")
+    return words
+
+
+def _fsdp_config(args: Any) -> dict[str, Any]:
+    raw = args.fsdp_config
+    if isinstance(raw, str):  # a JSON file (a JSON string was parsed by TrainingArguments)
+        import json
+
+        with open(raw) as f:
+            raw = json.load(f)
+    config = {k.removeprefix("fsdp_"): v for k, v in (raw or {}).items()}
+    unknown = [k for k in config if k not in _FSDP_CONFIG_KEYS + _FSDP1_ONLY_KEYS]
+    if unknown:
+        raise ValueError(f"fsdp_config has unknown keys {unknown}; cadence reads {list(_FSDP_CONFIG_KEYS)}")
+    if int(config.get("version", 2)) != 2:
+        raise ValueError(f"fsdp_config version={config['version']!r} is invalid: cadence runs FSDP2 only; set version=2")
+    if config.get("xla"):
+        raise ValueError("fsdp_config xla=True is invalid: cadence has no XLA/TPU support; remove it")
+    kind = str(config.get("state_dict_type", "full")).lower()
+    if kind not in _STATE_DICT_TYPES:
+        raise ValueError(f"fsdp_config state_dict_type={config['state_dict_type']!r} is invalid; use 'FULL_STATE_DICT' or 'SHARDED_STATE_DICT'")
+    config["state_dict_type"] = _STATE_DICT_TYPES[kind]
+    return config
+
+
+def fsdp_plugin(args: Any):
+    """accelerate's ``FullyShardedDataParallelPlugin`` (FSDP2) from transformers' ``fsdp``/``fsdp_config``, or
+    from the environment ``accelerate launch`` sets from an FSDP config file; None without FSDP.
+
+    Raises:
+        ValueError: an unknown word or key, FSDP version 1, or ``fsdp_config`` without ``fsdp``.
+    """
+    words = _fsdp_words(args.fsdp)
+    from_launcher = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if not words and not from_launcher:
+        if args.fsdp_config:
+            raise ValueError("fsdp_config is set but fsdp is not: FSDP is off; set fsdp='full_shard' (or remove fsdp_config)")
+        return None
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        raise ValueError(f"fsdp needs torch >= 2.6 (FSDP2's fully_shard); this is torch {torch.__version__}: upgrade torch") from None
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    if not words:  # `accelerate launch --config_file` with distributed_type FSDP: its FSDP_* variables
+        plugin = FullyShardedDataParallelPlugin()
+        if plugin.fsdp_version != 2:
+            raise ValueError("the accelerate config asks for FSDP version 1: cadence runs FSDP2; set fsdp_version: 2 in it")
+        plugin.state_dict_type = getattr(plugin.state_dict_type, "name", plugin.state_dict_type)
+        return plugin
+    config = _fsdp_config(args)
+    sharding = next((_FSDP_SHARDING[w] for w in words if w in _FSDP_SHARDING), _FSDP_SHARDING["full_shard"])
+    min_params = int(config.get("min_num_params", 0))
+    layers = config.get("transformer_layer_cls_to_wrap")
+    wrap = "auto_wrap" in words or min_params > 0 or layers is not None
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        reshard_after_forward=bool(config.get("reshard_after_forward", sharding["reshard_after_forward"])),
+        cpu_offload=bool("offload" in words or config.get("cpu_offload") or config.get("offload_params")),
+        auto_wrap_policy=("size_based_wrap" if min_params > 0 else "transformer_based_wrap") if wrap else "no_wrap",
+        transformer_cls_names_to_wrap=[layers] if isinstance(layers, str) else layers,
+        min_num_params=min_params,
+        state_dict_type=config["state_dict_type"],
+        activation_checkpointing=bool(config.get("activation_checkpointing", False)),
+        cpu_ram_efficient_loading=bool(config.get("cpu_ram_efficient_loading", False)),
+    )
+    plugin.hybrid = sharding.get("hybrid", False)
+    plugin.state_dict_type = config["state_dict_type"]
+    return plugin
+
+
+def _fqn(name: str) -> str:
+    """A parameter's name as torch's state-dict helpers write it (wrappers' prefixes removed)."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+class _FullyShard:
+    """torch's FSDP2: ``fully_shard`` on each wrapped layer, then the root; checkpoints through
+    ``torch.distributed.checkpoint`` (DCP): consolidated on the saving process, or one shard per process.
+
+    Numerics: a reduce-scatter averages gradients over processes, as DDP's all-reduce does, so the loop's
+    loss weighting is the same; clipping measures the norm over all shards (one collective).
+    """
+
+    def __init__(self, plugin: Any, device: torch.device, amp_dtype: torch.dtype | None):
+        self.plugin, self.device, self.amp_dtype = plugin, device, amp_dtype
+        self.sharded_state = plugin.state_dict_type == "SHARDED_STATE_DICT"
+        self.pending: Path | None = None  # sharded weights to load once the model is sharded (a resume)
+
+    def shard(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        if isinstance(model, FSDPModule):
+            return model
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+        model = model.to(self.device)
+        wrap = fsdp2_prepare_auto_wrap_policy(self.plugin, model) or (lambda module: False)
+        layers = [(n, m) for n, m in model.named_modules() if m is not model and wrap(m)]
+        if self.plugin.activation_checkpointing:  # recompute each wrapped layer's activations in backward
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+            for name, layer in layers:
+                model.set_submodule(name, checkpoint_wrapper(layer))
+            if getattr(getattr(model, "config", None), "use_cache", False):  # a cache filled twice (forward and
+                model.config.use_cache = False  # its recomputation) breaks the shapes, as transformers warns
+            layers = [(n, model.get_submodule(n)) for n, _ in layers]
+        before = {_fqn(n): p for n, p in model.named_parameters()}
+        options = dict(
+            reshard_after_forward=self.plugin.reshard_after_forward,
+            mesh=self._mesh(),
+            # mixed precision: compute in the autocast dtype, reduce gradients in float32
+            mp_policy=MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=torch.float32) if self.amp_dtype else MixedPrecisionPolicy(),
+        )
+        if self.plugin.cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
+        for _, layer in reversed(layers):  # innermost first, the root last
+            fully_shard(layer, **options)
+        fully_shard(model, **options)
+        if optimizer is not None:  # fully_shard replaced the parameters: the optimizer must step the new ones
+            after = {_fqn(n): p for n, p in model.named_parameters()}
+            new = {id(before[name]): after[name] for name in before}
+            for group in optimizer.param_groups:
+                group["params"] = [new.get(id(p), p) for p in group["params"]]
+        if self.plugin.cpu_ram_efficient_loading:  # the main process's weights are the ones everyone trains
+            self._broadcast_from_main(model)
+        if self.pending is not None:
+            folder, self.pending = self.pending, None
+            self.load_model_weights(model, folder)
+        return model
+
+    def _mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        if not getattr(self.plugin, "hybrid", False):
+            return init_device_mesh(self.device.type, (world,))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # replicate across nodes, shard inside one
+        return init_device_mesh(self.device.type, (world // local, local), mesh_dim_names=("replicate", "shard"))
+
+    def _broadcast_from_main(self, model: torch.nn.Module) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+    @staticmethod
+    def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+        parameters = list(parameters)
+        grads = [p.grad for p in parameters if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)  # over all shards: a replicated DTensor
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+        return norm
+
+    def model_state_dict(self, model: torch.nn.Module, folder: Path, full: bool) -> dict:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.sharded_state and not full:
+            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=folder / checkpoint.MODEL_SHARDS_NAME)
+            return {}
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        first: dict[int, str] = {}  # tied parameters (GPT-2's lm_head and wte) come back as copies: tie them again,
+        for name, p in model.named_parameters(remove_duplicate=False):  # so they are stored once, as unsharded
+            name = _fqn(name)
+            if id(p) in first and name in state:
+                state[name] = state[first[id(p)]]
+            first.setdefault(id(p), name)
+        return state
+
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict | None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        if self.sharded_state:
+            dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder / checkpoint.OPTIMIZER_SHARDS_NAME)
+            return None
+        state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if "param_groups" not in state:  # not the saving process: nothing gathered here
+            return {}
+        # parameter names -> their numbers in group order: the format of optimizer.state_dict()
+        number = {name: i for i, name in enumerate(n for g in state["param_groups"] for n in g["params"])}
+        return {"state": {number[name]: value for name, value in state["state"].items()},
+                "param_groups": [{**g, "params": [number[n] for n in g["params"]]} for g in state["param_groups"]]}
+
+    def load_model_weights(self, model: torch.nn.Module, folder: Path) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        if (folder / checkpoint.MODEL_SHARDS_NAME).is_dir():
+            if not isinstance(model, FSDPModule):  # shards load into a sharded model: after prepare_model
+                self.pending = folder
+                return
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+            state = {"model": get_model_state_dict(model)}
+            dcp.load(state, checkpoint_id=folder / checkpoint.MODEL_SHARDS_NAME)
+            set_model_state_dict(model, state["model"])
+        elif not isinstance(model, FSDPModule):
+            checkpoint.load_model_weights(model, folder)  # full weights, before sharding: sharding splits them
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            state = checkpoint.read_model_weights(folder, torch.device("cpu"))
+            set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        if (folder / checkpoint.OPTIMIZER_SHARDS_NAME).is_dir():
+            import torch.distributed.checkpoint as dcp
+
+            state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+            dcp.load(state, checkpoint_id=folder / checkpoint.OPTIMIZER_SHARDS_NAME)
+            set_optimizer_state_dict(model, optimizer, state["optimizer"])
+            return
+        saved = checkpoint.safe_load(folder / checkpoint.OPTIMIZER_NAME)
+        names = {id(p): _fqn(n) for n, p in model.named_parameters()}
+        order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]  # numbers -> parameter names
+        state = {"state": {order[i]: value for i, value in saved["state"].items()},
+                 "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+
+# DeepSpeed config entry -> how transformers fills its "auto" from TrainingArguments (and checks a set value)
+_DS_FROM_ARGS: dict[str, Any] = {
+    "train_micro_batch_size_per_gpu": lambda a: a.per_device_train_batch_size,
+    "gradient_accumulation_steps": lambda a: a.gradient_accumulation_steps,
+    "train_batch_size": lambda a: a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size,
+    "gradient_clipping": lambda a: a.max_grad_norm,
+    "optimizer.params.lr": lambda a: a.learning_rate,
+    "optimizer.params.betas": lambda a: [a.adam_beta1, a.adam_beta2],
+    "optimizer.params.eps": lambda a: a.adam_epsilon,
+    "optimizer.params.weight_decay": lambda a: a.weight_decay,
+    "scheduler.params.warmup_max_lr": lambda a: a.learning_rate,
+    "fp16.enabled": lambda a: bool(a.fp16 or a.fp16_full_eval),
+    "bf16.enabled": lambda a: bool(a.bf16 or a.bf16_full_eval),
+}
+# filled when "auto", never checked (transformers' "fill only" entries)
+_DS_FILL_ONLY: dict[str, Any] = {"scheduler.params.warmup_min_lr": lambda a: 0}
+# filled once the model and the number of steps are known (fill only)
+_DS_FROM_MODEL: dict[str, Any] = {
+    "zero_optimization.reduce_bucket_size": lambda hidden, steps, a: hidden * hidden,
+    "zero_optimization.stage3_prefetch_bucket_size": lambda hidden, steps, a: int(0.9 * hidden * hidden),
+    "zero_optimization.stage3_param_persistence_threshold": lambda hidden, steps, a: 10 * hidden,
+    "scheduler.params.total_num_steps": lambda hidden, steps, a: steps,
+    "scheduler.params.warmup_num_steps": lambda hidden, steps, a: a.get_warmup_steps(steps) if steps else None,
+}
+
+
+def _ds_entry(config: dict, dotted: str) -> tuple[dict | None, str]:
+    *parents, key = dotted.split(".")
+    for name in parents:
+        config = config.get(name)
+        if not isinstance(config, dict):
+            return None, key
+    return config, key
+
+
+def deepspeed_config(args: Any, model: torch.nn.Module | None = None, num_training_steps: int | None = None) -> dict:
+    """``args.deepspeed`` (a dict, or the path of a JSON file) with its ``"auto"`` values filled as transformers
+    fills them: batch sizes, accumulation, clipping, optimizer and scheduler values and fp16/bf16 from the
+    arguments; bucket sizes from the model's ``hidden_size`` and the schedule's steps when given.
+
+    Raises:
+        ValueError: a value that is set (not "auto") and differs from the arguments, listed with both values.
+
+    Example:
+        >>> deepspeed_config(TrainingArguments("out", deepspeed={"train_micro_batch_size_per_gpu": "auto"}))
+        {'train_micro_batch_size_per_gpu': 8}
+    """
+    import copy
+    import json
+
+    config = args.deepspeed
+    if isinstance(config, (str, os.PathLike)):
+        with open(config) as f:
+            config = json.load(f)
+    config = copy.deepcopy(dict(config))
+    mismatches = []
+    for dotted, value in [*_DS_FROM_ARGS.items(), *_DS_FILL_ONLY.items()]:
+        section, key = _ds_entry(config, dotted)
+        if section is None or key not in section:
+            continue
+        wanted = value(args)
+        if section[key] == "auto":
+            section[key] = wanted
+        elif dotted in _DS_FROM_ARGS and section[key] != wanted:
+            mismatches.append(f"{dotted}={section[key]!r} but TrainingArguments give {wanted!r}")
+    if mismatches:
+        raise ValueError("the DeepSpeed config disagrees with TrainingArguments: " + "; ".join(mismatches)
+                         + '; set those entries to "auto" or make the arguments match')
+    config_of = getattr(model, "config", None)
+    hidden = getattr(config_of, "hidden_size", None) or max(getattr(config_of, "hidden_sizes", None) or [0]) or None
+    for dotted, value in _DS_FROM_MODEL.items():
+        section, key = _ds_entry(config, dotted)
+        if section is None or section.get(key) != "auto":
+            continue
+        if dotted.startswith("zero_optimization") and model is not None:
+            if hidden is None:
+                raise ValueError(f'the DeepSpeed config has {dotted}="auto" but {type(model).__name__} has no '
+                                 "config.hidden_size to derive it from; set a number there")
+            section[key] = value(hidden, num_training_steps, args)
+        elif dotted.startswith("scheduler") and num_training_steps is not None:
+            section[key] = value(hidden, num_training_steps, args)
+    return config
+
+
+def _check_deepspeed_usable(args: Any) -> None:
+    """A clear error before anything runs: DeepSpeed needs CUDA GPUs and its package."""
+    if args.use_cpu or not torch.cuda.is_available():
+        raise ValueError(
+            "deepspeed=... needs CUDA GPUs: DeepSpeed's ZeRO runs on NVIDIA/AMD GPUs and this run has none "
+            f"({'use_cpu=True' if args.use_cpu else 'torch.cuda.is_available() is False'}); remove deepspeed, or use "
+            "fsdp='full_shard' (torch's FSDP2, which also shards parameters, gradients and optimizer state, on CPUs too)"
+        )
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        raise ImportError("deepspeed=... needs the deepspeed package: pip install deepspeed") from None

@@ -77,23 +77,45 @@ TRAINING_ARGS_JSON = "training_args.json"
 RNG_STATE_NAME = "rng_state.pth"
 LOOP_STATE_NAME = "loop_state.json"
 STREAM_STATE_NAME = "stream_state.pt"  # an iterable dataset's own state_dict(), when it has one
+MODEL_SHARDS_NAME = "pytorch_model_fsdp_0"  # FSDP's sharded state (torch.distributed.checkpoint), accelerate's names
+OPTIMIZER_SHARDS_NAME = "optimizer_0"
 
 
-def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, processing_class: Any = None) -> None:
+def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, processing_class: Any = None,
+                       state_dict: dict | None = None) -> None:
     """``model.save_pretrained`` (config.json etc.) when the model has it, else its state dict in safetensors.
 
     Shared (tied) tensors are stored once; ``processing_class.save_pretrained`` is called when present.
+    ``state_dict`` (from ``Backend.model_state_dict``) replaces the model's own; ``{}`` means the weights
+    are already in the folder as shards, so only the model's config is written.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if hasattr(model, "save_pretrained"):
-        model.save_pretrained(folder, safe_serialization=True)
+    if state_dict is not None and not state_dict:
+        if hasattr(getattr(model, "config", None), "save_pretrained"):
+            model.config.save_pretrained(folder)
+    elif hasattr(model, "save_pretrained"):
+        model.save_pretrained(folder, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
+    elif state_dict is not None:
+        from safetensors.torch import save_file
+
+        save_file(_untied(state_dict), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     else:
         from safetensors.torch import save_model
 
         save_model(model, str(folder / WEIGHTS_NAME))
     if processing_class is not None and hasattr(processing_class, "save_pretrained"):
         processing_class.save_pretrained(folder)
+
+
+def _untied(state_dict: dict) -> dict:
+    """Contiguous tensors, each storage once (safetensors refuses shared ones; loading re-ties them)."""
+    seen, out = set(), {}
+    for name, tensor in state_dict.items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            out[name] = tensor.contiguous()
+    return out
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -437,16 +459,30 @@ def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> Non
     missing or unexpected key is an error naming the keys. A model with PEFT adapters loads its
     adapters (what its ``save_pretrained`` wrote), not the frozen base.
     """
-    from safetensors.torch import load_file
-
     from . import peft_support
 
     if peft_support.has_adapters(model):
         return peft_support.load_adapter_weights(model, folder)
+    folder = Path(folder)
+    state = read_model_weights(folder, next((p.device for p in model.parameters()), torch.device("cpu")))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded_storage = {own[k].data_ptr() for k in state if k in own}
+    missing = [k for k in missing if own[k].data_ptr() not in loaded_storage]  # tied to a loaded tensor: fine
+    if missing or unexpected:
+        raise ValueError(
+            f"the weights in {folder} do not fit {type(model).__name__}: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}; resume with the same model the checkpoint was written from"
+        )
+
+
+def read_model_weights(folder: str | os.PathLike, device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors of ``model.safetensors`` (or its sharded index) in ``folder``, on ``device``."""
+    from safetensors.torch import load_file
 
     folder = Path(folder)
     single, index = folder / WEIGHTS_NAME, folder / f"{WEIGHTS_NAME}.index.json"
-    device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
+    device = str(device)
     if single.exists():
         state = load_file(str(single), device=device)
     elif index.exists():
@@ -458,15 +494,7 @@ def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> Non
             f"checkpoint {folder} has no {WEIGHTS_NAME}: cadence loads weights only from safetensors files "
             "(a pytorch_model.bin pickle can run code); convert it with safetensors first"
         )
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    own = model.state_dict()
-    loaded_storage = {own[k].data_ptr() for k in state if k in own}
-    missing = [k for k in missing if own[k].data_ptr() not in loaded_storage]  # tied to a loaded tensor: fine
-    if missing or unexpected:
-        raise ValueError(
-            f"the weights in {folder} do not fit {type(model).__name__}: missing {missing[:5]}, unexpected "
-            f"{unexpected[:5]}; resume with the same model the checkpoint was written from"
-        )
+    return state
 
 
 def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike) -> Path:
@@ -674,8 +702,12 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
         stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
     rng_file = folder / rng_state_name(args.process_index, args.world_size)
-    rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() else None
-    if rng is None:
+    same_world = saved[2] == world  # another count: another process's RNG is not ours
+    rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() and same_world else None
+    if rng is None and not same_world:
+        logger.warning("checkpoint %s was written by %d process(es), this run has %d: the RNG states "
+                       "(dropout) are not restored", folder, saved[2], world)
+    elif rng is None:
         logger.warning("checkpoint %s has no %s: the RNGs are not restored, so the resumed run is not exact", folder, rng_file.name)
     return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop, stream_state=stream_state)
 
@@ -708,15 +740,24 @@ def _rescale_position(folder: Path, skip: int, saved: tuple[int, int, int], args
     return new_skip
 
 
-def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any) -> None:
-    """Load ``optimizer.pt`` and ``scheduler.pt`` (``weights_only``) into the run's objects."""
+def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any,
+                                 load_optimizer: Callable[[Path], None] | None = None) -> None:
+    """Load ``optimizer.pt`` and ``scheduler.pt`` (``weights_only``) into the run's objects.
+
+    ``load_optimizer(folder)`` (the backend's, e.g. for FSDP shards in ``optimizer_0/``) replaces the plain load.
+    """
     missing = [name for name in (OPTIMIZER_NAME, SCHEDULER_NAME) if not (folder / name).exists()]
+    if OPTIMIZER_NAME in missing and ((folder / OPTIMIZER_SHARDS_NAME).is_dir() or (folder / "latest").exists()):
+        missing.remove(OPTIMIZER_NAME)  # FSDP's sharded optimizer state, or DeepSpeed's checkpoint
     if missing:
         raise ValueError(
             f"checkpoint {folder} has no {' / '.join(missing)} (written with save_only_model=True?): it holds weights "
             "only and cannot resume training; load its weights into the model and start a new run instead"
         )
-    optimizer.load_state_dict(safe_load(folder / OPTIMIZER_NAME))
+    if load_optimizer is not None:
+        load_optimizer(folder)
+    else:
+        optimizer.load_state_dict(safe_load(folder / OPTIMIZER_NAME))
     lr_scheduler.load_state_dict(safe_load(folder / SCHEDULER_NAME))
 
 

@@ -467,15 +467,16 @@ class Trainer:
             self.optimizer = self.lr_scheduler = None
         if resume_from_checkpoint is not None:
             logger.info("resuming from %s", resume_from_checkpoint)
-            checkpoint.load_model_weights(self.model, resume_from_checkpoint)
+            self.backend.load_model_weights(self.model, resume_from_checkpoint)
         if self.args.activation_checkpointing:  # as transformers: on from train() on (enabling twice is harmless)
             how = activation_checkpointing.enable(self.backend.unwrap(self.model), self.args.activation_checkpointing_kwargs)
             logger.info("activation checkpointing on, through %s", how)
         self.is_in_train = True
         hooks = self._attach_training_hooks()
         try:
-            return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                                             ignore_keys_for_eval=ignore_keys_for_eval)
+            with self.backend.collectives_guard(lambda: self.state.global_step):  # a dead process: named error, no hang
+                return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint,
+                                                 trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
         finally:  # removed even on an error: the saved and later-evaluated model is clean
             self.is_in_train = False
             for hook in hooks:
@@ -514,7 +515,7 @@ class Trainer:
         train_dataloader = self.get_train_dataloader()
         max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader)
         self.create_optimizer_and_scheduler(max_steps)
-        model = self.model_wrapped = self.backend.prepare_model(self.model)
+        model = self.model_wrapped = self.backend.prepare_model(self.model, self.optimizer)
         ga, world = args.gradient_accumulation_steps, self.backend.world_size
         # count items only where the count changes the result: accumulation or several processes
         count_items = ga > 1 or world > 1
@@ -693,7 +694,8 @@ class Trainer:
         """
         args = self.args
         saved_args = checkpoint.load_training_args(folder) or {}
-        checkpoint.load_optimizer_and_scheduler(folder, self.optimizer, self.lr_scheduler)
+        checkpoint.load_optimizer_and_scheduler(folder, self.optimizer, self.lr_scheduler, functools.partial(
+            self.backend.load_optimizer_state, self.model_wrapped, self.optimizer))
         if (folder / checkpoint.SCALER_NAME).exists():
             self.backend.load_scaler_state(checkpoint.safe_load(folder / checkpoint.SCALER_NAME))
         saved = TrainerState.load_from_json(str(folder / checkpoint.TRAINER_STATE_NAME))
@@ -1005,21 +1007,26 @@ class Trainer:
             best = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
             if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
                 self.state.best_model_checkpoint = str(best)
-        if not args.save_only_model:  # every process puts its RNG state into the staging folder first
-            if args.should_save:
-                checkpoint.prepare_staging(folder)
-            self.backend.barrier()
+        if args.should_save:  # every process puts its files into the staging folder first
+            checkpoint.prepare_staging(folder)
+        self.backend.barrier()
+        if not args.save_only_model:
             checkpoint.save_rng_state(folder, args.process_index, args.world_size)
-            self.backend.barrier()
+        # every process: the states to save (under FSDP gathered to the main process, or written as shards)
+        weights = self.backend.model_state_dict(model, checkpoint.staging_folder(folder))
+        optimizer_state = None if args.save_only_model else self.backend.optimizer_state_dict(
+            model, self.optimizer, checkpoint.staging_folder(folder))
+        self.backend.barrier()
         stateful = [cb for cb in [*self.callback_handler.callbacks, self.control] if isinstance(cb, ExportableState)]
         self.state.stateful_callbacks = TrainerState(stateful_callbacks=stateful).stateful_callbacks
         if args.should_save:
             logger.info(f"Saving model checkpoint to {folder}")
 
             def write(tmp: Path) -> None:
-                checkpoint.save_model_weights(self.backend.unwrap(self.model), tmp, self.processing_class)
+                checkpoint.save_model_weights(self.backend.unwrap(self.model), tmp, self.processing_class, weights)
                 if not args.save_only_model:
-                    torch.save(self.optimizer.state_dict(), tmp / checkpoint.OPTIMIZER_NAME)
+                    if optimizer_state is not None:  # None: written as shards
+                        torch.save(optimizer_state, tmp / checkpoint.OPTIMIZER_NAME)
                     torch.save(self.lr_scheduler.state_dict(), tmp / checkpoint.SCHEDULER_NAME)
                     if loop_state is not None:
                         checkpoint.save_json(loop_state, tmp / checkpoint.LOOP_STATE_NAME)
@@ -1032,7 +1039,7 @@ class Trainer:
                 checkpoint.save_json(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_JSON)
                 self.state.save_to_json(str(tmp / checkpoint.TRAINER_STATE_NAME))  # last: marks completeness
 
-            checkpoint.write_atomically(folder, write, fresh=args.save_only_model)
+            checkpoint.write_atomically(folder, write, fresh=False)
         self.backend.barrier()  # every process agrees the save is complete before anything is deleted
         if args.should_save:
             checkpoint.remove_incomplete(args.output_dir)
@@ -1043,14 +1050,15 @@ class Trainer:
         """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
         logger.info("loading the best model from %s (%s=%s)", self.state.best_model_checkpoint,
                     self.args.metric_for_best_model, self.state.best_metric)
-        checkpoint.load_model_weights(self.backend.unwrap(self.model), self.state.best_model_checkpoint)
+        self.backend.load_model_weights(self.model, self.state.best_model_checkpoint)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
+        weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
         if self.args.should_save:
             logger.info(f"Saving model checkpoint to {output_dir}")
-            checkpoint.save_model_weights(self.backend.unwrap(self.model), output_dir, self.processing_class)
+            checkpoint.save_model_weights(self.backend.unwrap(self.model), output_dir, self.processing_class, weights)
             torch.save(self.args.to_dict(), Path(output_dir) / checkpoint.TRAINING_ARGS_NAME)
         self.backend.barrier()
         if self.args.push_to_hub and not _internal_call:  # transformers: a save is also a push

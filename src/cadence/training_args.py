@@ -529,12 +529,29 @@ class TrainingArguments:
     ddp_timeout: int = field(default=1800, metadata=_help("Seconds before a collective operation times out."))
 
     # --- FSDP / DeepSpeed ---
-    fsdp: str | None = field(default=None, metadata=_help("Fully sharded data parallel options. Not built yet."))
+    fsdp: str | None = field(
+        default=None,
+        metadata=_help(
+            "FSDP2 (torch's fully_shard) with several processes, space-separated: one of 'full_shard', "
+            "'shard_grad_op', 'hybrid_shard', 'hybrid_shard_zero2', plus 'offload' (parameters on the CPU) and "
+            "'auto_wrap' (shard each transformer layer separately)."
+        ),
+    )
     fsdp_config: dict[str, Any] | str | None = field(
-        default=None, metadata=_help("FSDP configuration (dict or JSON file). Not built yet.")
+        default=None,
+        metadata=_help(
+            "FSDP options (dict, JSON string or file): version (2), transformer_layer_cls_to_wrap (default: the "
+            "model's _no_split_modules), min_num_params, reshard_after_forward, cpu_offload, activation_checkpointing, "
+            "state_dict_type ('FULL_STATE_DICT': model.safetensors on the main process; 'SHARDED_STATE_DICT': "
+            "one shard per process), cpu_ram_efficient_loading."
+        ),
     )
     deepspeed: dict | str | None = field(
-        default=None, metadata=_help("DeepSpeed configuration (dict or JSON file). Not built yet.")
+        default=None,
+        metadata=_help(
+            "DeepSpeed configuration (dict, JSON string or file; ZeRO stage 1/2/3) run through accelerate on CUDA GPUs; "
+            "'auto' values are filled from these arguments as transformers fills them."
+        ),
     )
 
     # --- Debugging ---
@@ -1035,9 +1052,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "accelerator_config": "accelerator_config",
     "parallelism_config": "tensor/context parallelism",
-    "fsdp": "FSDP",
-    "fsdp_config": "FSDP",
-    "deepspeed": "DeepSpeed",
     "optim_target_modules": "GaLore/APOLLO target modules",
 }
 
