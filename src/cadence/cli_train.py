@@ -179,8 +179,10 @@ def load_model(script: TrainArguments, labels: list | None):
     if pretrained:
         model = auto.from_pretrained(script.model, config=config, ignore_mismatched_sizes=labels is not None)
     else:
-        if getattr(config, "vocab_size", None) is not None and config.vocab_size < len(tokenizer):
-            config.vocab_size = len(tokenizer)  # every token id must have an embedding
+        by_type = not folder.is_dir()  # a model type's default vocabulary belongs to another tokenizer
+        overridden = "vocab_size=" in (script.config_overrides or "")
+        if hasattr(config, "vocab_size") and not overridden and (by_type or config.vocab_size < len(tokenizer)):
+            config.vocab_size = len(tokenizer)  # every token id has an embedding
         model = auto.from_config(config)
     return model, tokenizer, "fine-tuned" if pretrained else "from scratch"
 
