@@ -74,6 +74,11 @@ def test_unknown_name_is_refused_with_the_valid_ones(report_to, words):
         assert word in str(error.value)
 
 
+def test_all_leaves_out_a_tracker_that_is_not_installed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "trackio", None)  # as if trackio were not installed
+    assert "trackio" not in TrainingArguments(report_to="all").report_to
+
+
 def test_missing_package_is_an_error_at_trainer_creation(out_dir, monkeypatch):
     args = TrainingArguments(output_dir=out_dir, report_to=["jsonl", "wandb"], use_cpu=True)
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed
@@ -153,8 +158,9 @@ def test_tensorboard_logging_dir_and_resume_into_the_same_run(out_dir, tmp_path)
 
 
 @needs("tensorboard")
-def test_tensorboard_default_folder_is_kept_across_a_resume(out_dir):
-    interrupted_then_resumed(out_dir, "tensorboard")
+@pytest.mark.parametrize("restore", [False, True])  # True: the callback itself is rebuilt from its saved state
+def test_tensorboard_default_folder_is_kept_across_a_resume(out_dir, restore):
+    interrupted_then_resumed(out_dir, "tensorboard", restore_callback_states_from_checkpoint=restore)
     (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))  # one run folder: the resumed run reopened it
     _, _, steps = read_scalars(folder)
     assert steps["train/loss"] == list(range(1, STEPS + 1))

@@ -15,6 +15,8 @@ from typing import Any
 
 from .base import TrackerCallback, rewrite_logs
 
+FLUSH_SECS = 5  # the writer's thread flushes this often (and at the end): a run in progress stays current
+
 
 def default_logdir() -> str:
     """``runs/<Mon><DD>_<HH-MM-SS>_<host>``: PyTorch's and transformers' default, relative to ``output_dir``."""
@@ -50,7 +52,7 @@ class TensorBoardCallback(TrackerCallback):
             self.run_id = folder
         # on a resume, events past the checkpoint's step came from the interrupted run: purged
         purge_step = state.global_step + 1 if state.global_step > 0 else None
-        self.tb_writer = self._writer_class(log_dir=self.run_id, purge_step=purge_step)
+        self.tb_writer = self._writer_class(log_dir=self.run_id, purge_step=purge_step, flush_secs=FLUSH_SECS)
         if not resumed:
             self.tb_writer.add_text("args", args.to_json_string())
             config = getattr(model, "config", None)
@@ -58,13 +60,16 @@ class TensorBoardCallback(TrackerCallback):
                 self.tb_writer.add_text("model_config", config.to_json_string())
 
     def write(self, logs, step):
-        writer = self.tb_writer
-        for key, value in rewrite_logs(logs).items():
-            if isinstance(value, (int, float)):
-                writer.add_scalar(key, value, step)
-            elif isinstance(value, str):
-                writer.add_text(key, value, step)
-        writer.flush()  # a run in progress shows up to date
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        logs = rewrite_logs(logs)
+        # one event holding every scalar of the log (what add_scalar writes, one value each): a log
+        # costs one record, not one per metric, and no flush (the writer's thread flushes every FLUSH_SECS)
+        values = [Summary.Value(tag=k, simple_value=v) for k, v in logs.items() if isinstance(v, (int, float))]
+        self.tb_writer._get_file_writer().add_summary(Summary(value=values), step)
+        for key, value in logs.items():
+            if isinstance(value, str):
+                self.tb_writer.add_text(key, value, step)
 
     def finish(self, failed):
         if self.tb_writer is not None:
