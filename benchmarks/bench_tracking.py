@@ -68,7 +68,12 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: the tiny MLP gains nothing from more, "
+                   "and on a shared machine spinning threads only add noise)")
     a = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(a.threads)
     wl = dataclasses.replace(common.get_workload("mlp"), steps=a.steps, logging_steps=1)
     wl = dataclasses.replace(wl, make_data=lambda: common.RegressionData(32 * a.steps))
     for variant in VARIANTS.values():  # warm-up: imports (tensorboard), first-call costs

@@ -166,6 +166,22 @@ def test_tensorboard_default_folder_is_kept_across_a_resume(out_dir, restore):
     assert steps["train/loss"] == list(range(1, STEPS + 1))
 
 
+@needs("tensorboard")
+def test_tensorboard_checksum_and_a_users_writer(out_dir, tmp_path):
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
+    from torch.utils.tensorboard import SummaryWriter
+
+    from cadence.integrations.tensorboard import TensorBoardCallback, masked_crc32c
+
+    for data in (b"", b"x", bytes(range(256)) * 3):
+        assert masked_crc32c()(data) == reference(data)  # tensorboard's own (pure Python) checksum
+    writer = SummaryWriter(str(tmp_path / "mine"))
+    trainer = make_trainer(out_dir, "none", callbacks=[TensorBoardCallback(tb_writer=writer)])
+    trainer.train()
+    _, scalars, _ = read_scalars(str(tmp_path / "mine"))
+    assert scalars["train/loss"] == pytest.approx(losses(trainer.state.log_history), rel=1e-6)
+
+
 # ----------------------------------------------------------------------------------------- failures
 
 
