@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
 from .backend import Backend
+from .integrations import registry as integrations
 from .trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
@@ -197,7 +198,8 @@ class Trainer:
         self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
         self._claimed_output_dir: str | None = None  # the output_dir an earlier train() of this Trainer wrote
 
-        default_callbacks = [DefaultFlowCallback, *(callbacks or [])]
+        report_to = integrations.get_reporting_integration_callbacks(args.report_to)  # missing package: ValueError here
+        default_callbacks = [DefaultFlowCallback, *report_to, *(callbacks or [])]
         default_callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
         if args.enable_jit_checkpoint:
             default_callbacks.append(checkpoint.JITCheckpointCallback)
@@ -477,6 +479,9 @@ class Trainer:
             with self.backend.collectives_guard(lambda: self.state.global_step):  # a dead process: named error, no hang
                 return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint,
                                                  trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+        except BaseException:
+            integrations.end_runs_on_error(self.callback_handler.callbacks)  # tracker runs end marked failed
+            raise
         finally:  # removed even on an error: the saved and later-evaluated model is clean
             self.is_in_train = False
             for hook in hooks:

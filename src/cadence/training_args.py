@@ -1066,10 +1066,6 @@ _REFUSED_BY_DESIGN: dict[str, str] = {
     ),
 }
 
-# Reporting integrations that exist; names join as integrations land.
-_BUILT_INTEGRATIONS: tuple[str, ...] = ()
-
-
 # =============================================================================================
 # __post_init__ steps, in the order they run.
 # =============================================================================================
@@ -1171,7 +1167,7 @@ def _normalise_shorthands(args: TrainingArguments) -> None:
 
 
 def _normalise_report_to(args: TrainingArguments) -> None:
-    """report_to becomes a list of names; "none" is the empty list, "all" the built integrations."""
+    """report_to becomes a list of names; "none" is the empty list, "all" the installed trackers."""
     names = args.report_to
     if names is None or isinstance(names, str):
         names = [] if names is None else [names]
@@ -1179,8 +1175,10 @@ def _normalise_report_to(args: TrainingArguments) -> None:
     if names in (["none"], []):
         args.report_to = []
     elif names == ["all"]:
-        logger.info("report_to='all': reporting to %s", list(_BUILT_INTEGRATIONS) or "nothing (none are built yet)")
-        args.report_to = list(_BUILT_INTEGRATIONS)
+        from .integrations.registry import available_integrations
+
+        args.report_to = available_integrations()
+        logger.info("report_to='all': reporting to %s", args.report_to)
     else:
         args.report_to = names
 
@@ -1347,12 +1345,9 @@ def _check_positive_steps(strategy: Any, steps: Any, setter: str) -> None:
 
 
 def _refuse_unbuilt_integrations(args: TrainingArguments) -> None:
-    for name in args.report_to:
-        if name not in _BUILT_INTEGRATIONS:
-            raise ValueError(
-                f"report_to={args.report_to!r} is invalid: the integration for {name!r} is not built in cadence "
-                f"yet; pass report_to='none'"
-            )
+    from .integrations.registry import check_names  # names only: no tracker package is imported here
+
+    check_names(args.report_to)
 
 
 __all__ = ["OptimizerNames", "ParallelMode", "TrainingArguments"]

@@ -1,0 +1,280 @@
+"""``cadence train``: train a transformers model on local text files, no script needed.
+
+Flags are every ``TrainingArguments`` field (through transformers' ``HfArgumentParser``) plus
+``TrainArguments`` below; or one JSON/YAML file holding both (``cadence train run.yaml``).
+
+The order matters: the data files and columns are read and checked first, so a wrong path or column
+is an error naming it before any model is loaded; then the tokenizer and model; then the texts are
+tokenized (causal LM: concatenated and cut into ``block_size`` blocks; classification: truncated to
+``block_size``), and the ``Trainer`` trains, evaluates on ``--validation_file`` and saves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("causal-lm", "sequence-classification")
+# file extension -> the datasets builder that reads it
+BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+@dataclass
+class TrainArguments:
+    """What ``cadence train`` needs besides ``TrainingArguments``."""
+
+    model: str = field(metadata={"help": (
+        "A local model folder (with weights: fine-tuned; with only config.json and a tokenizer: trained from "
+        "scratch), a transformers model type such as 'gpt2' or 'bert' (from scratch, with --tokenizer), or a Hub id."
+    )})
+    train_file: str = field(metadata={"help": "Training data: .txt (one text per line), .csv, .json/.jsonl or .parquet."})
+    task: str = field(default="causal-lm", metadata={"help": "What to train.", "choices": list(TASKS)})
+    validation_file: str | None = field(default=None, metadata={"help": "Evaluation data, same formats."})
+    text_column: str = field(default="text", metadata={"help": "The column holding the text (a .txt file's is 'text')."})
+    label_column: str = field(default="label", metadata={"help": "The column holding the class (sequence-classification)."})
+    block_size: int | None = field(default=None, metadata={"help": (
+        "Tokens per training row: the causal-LM block length, the classification truncation length. "
+        "Default: the model's maximum length, at most 1024."
+    )})
+    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer folder or Hub id (default: --model)."})
+    config_overrides: str | None = field(default=None, metadata={"help": (
+        "For a from-scratch model: config values to change, as 'n_layer=2,n_embd=64'."
+    )})
+
+
+def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
+    """``(TrainArguments, TrainingArguments)`` from flags or from one JSON/YAML file.
+
+    ``report_to`` defaults to ``"jsonl"`` here, so every run leaves ``log_history.jsonl`` for ``cadence plot``.
+    """
+    from transformers import HfArgumentParser
+
+    from .training_args import TrainingArguments
+
+    parser = HfArgumentParser((TrainArguments, TrainingArguments), prog="cadence train",
+                              description="Train a transformers model on local text files.")
+    if len(argv) == 1 and Path(argv[0]).suffix in (".json", ".yaml", ".yml"):
+        config = _read_config(Path(argv[0]))
+        config.setdefault("report_to", "jsonl")
+        return tuple(parser.parse_dict(config))
+    parser.set_defaults(report_to="jsonl")
+    return tuple(parser.parse_args_into_dataclasses(argv))
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        return json.loads(text)
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+# ------------------------------------------------------------------------------------- data
+
+
+def load_data(script: TrainArguments) -> dict[str, Any]:
+    """The train (and validation) ``datasets.Dataset``; every file and column checked (ValueError naming it).
+
+    Raises:
+        ValueError: a missing file, an unknown extension, a missing column, an empty file, or a
+            validation label the training file does not have.
+    """
+    if script.task not in TASKS:
+        raise ValueError(f"--task={script.task!r} is invalid: use one of {', '.join(TASKS)}")
+    files = {"train": ("--train_file", script.train_file)}
+    if script.validation_file:
+        files["validation"] = ("--validation_file", script.validation_file)
+    columns = [("--text_column", script.text_column)]
+    if script.task == "sequence-classification":
+        columns.append(("--label_column", script.label_column))
+    splits = {}
+    for split, (flag, path) in files.items():
+        splits[split] = ds = _read_file(flag, path)
+        for column_flag, column in columns:
+            if column not in ds.column_names:
+                raise ValueError(
+                    f"{column_flag}={column!r} is not a column of {flag}={path!r} (its columns: "
+                    f"{', '.join(ds.column_names)}); pass {column_flag} with one of them"
+                )
+        if len(ds) == 0:
+            raise ValueError(f"{flag}={path!r} has no rows")
+    if script.task == "sequence-classification":
+        _check_labels(splits, script.label_column, files)
+    return splits
+
+
+def _read_file(flag: str, path: str):
+    import datasets
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in BUILDERS:
+        raise ValueError(f"{flag}={path!r}: unknown file type {suffix!r}; use one of {', '.join(BUILDERS)}")
+    if not Path(path).is_file():
+        raise ValueError(f"{flag}={path!r}: no such file")
+    options = {"keep_linebreaks": True} if BUILDERS[suffix] == "text" else {}  # lines joined into blocks keep their ends
+    return datasets.load_dataset(BUILDERS[suffix], data_files={"train": path}, split="train", **options)
+
+
+def _check_labels(splits: dict, column: str, files: dict) -> None:
+    known = set(splits["train"][column])
+    if "validation" in splits:
+        unseen = sorted(set(splits["validation"][column]) - known, key=str)
+        if unseen:
+            raise ValueError(
+                f"--label_column={column!r}: {files['validation'][0]}={files['validation'][1]!r} has labels the "
+                f"training file does not have: {unseen[:5]}"
+            )
+
+
+def label_names(train) -> list:
+    """The classes in id order: sorted (so ids do not depend on row order)."""
+    return sorted(set(train), key=lambda v: (isinstance(v, str), v))
+
+
+# ------------------------------------------------------------------------------------- model
+
+
+def load_model(script: TrainArguments, labels: list | None):
+    """``(model, tokenizer, how)``: fine-tuned from weights, or a new model from a config ("from scratch")."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    auto = AutoModelForCausalLM if script.task == "causal-lm" else AutoModelForSequenceClassification
+    folder = Path(script.model)
+    tokenizer_source = script.tokenizer or script.model
+    if folder.is_dir():
+        config = AutoConfig.from_pretrained(folder)
+        pretrained = any((folder / name).is_file() for name in WEIGHT_FILES)
+    elif script.model in CONFIG_MAPPING:
+        if script.tokenizer is None:
+            raise ValueError(f"--model={script.model!r} is a model type (a new model): pass --tokenizer FOLDER as well")
+        config, pretrained = AutoConfig.for_model(script.model), False
+    else:  # a Hub id
+        config, pretrained = AutoConfig.from_pretrained(script.model), True
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    if tokenizer.pad_token is None and script.task == "sequence-classification":  # batches of texts need padding
+        if tokenizer.eos_token is None:
+            raise ValueError(f"the tokenizer of {tokenizer_source!r} has no pad and no eos token: add a pad token to it")
+        tokenizer.pad_token = tokenizer.eos_token
+    if script.config_overrides:
+        if pretrained:
+            raise ValueError(f"--config_overrides applies to a new model, but {script.model!r} has weights")
+        config.update_from_string(script.config_overrides)
+    if labels is not None:
+        config.num_labels = len(labels)
+        config.id2label = {i: str(v) for i, v in enumerate(labels)}
+        config.label2id = {str(v): i for i, v in enumerate(labels)}
+        config.pad_token_id = tokenizer.pad_token_id
+    if pretrained:
+        model = auto.from_pretrained(script.model, config=config, ignore_mismatched_sizes=labels is not None)
+    else:
+        by_type = not folder.is_dir()  # a model type's default vocabulary belongs to another tokenizer
+        overridden = "vocab_size=" in (script.config_overrides or "")
+        if hasattr(config, "vocab_size") and not overridden and (by_type or config.vocab_size < len(tokenizer)):
+            config.vocab_size = len(tokenizer)  # every token id has an embedding
+        model = auto.from_config(config)
+    return model, tokenizer, "fine-tuned" if pretrained else "from scratch"
+
+
+def default_block_size(model, tokenizer) -> int:
+    config = model.config
+    limits = [1024, tokenizer.model_max_length]
+    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
+        if isinstance(getattr(config, name, None), int):
+            limits.append(getattr(config, name))
+            break
+    return min(limits)
+
+
+# ------------------------------------------------------------------------------------- tokenizing
+
+
+def tokenize(splits: dict, script: TrainArguments, tokenizer, block_size: int, labels: list | None) -> dict:
+    """Each split as model inputs: causal LM -> ``block_size`` blocks with ``labels``; classification -> truncated rows."""
+    out = {}
+    for split, ds in splits.items():
+        if script.task == "causal-lm":
+            ids = ds.map(lambda rows: tokenizer(rows[script.text_column]), batched=True, remove_columns=ds.column_names)
+            out[split] = ids.map(lambda rows: _blocks(rows, block_size), batched=True, batch_size=None,
+                                 remove_columns=ids.column_names)
+        else:
+            label_ids = {v: i for i, v in enumerate(labels)}
+
+            def encode(rows):
+                enc = tokenizer(rows[script.text_column], truncation=True, max_length=block_size)
+                enc["labels"] = [label_ids[v] for v in rows[script.label_column]]
+                return enc
+
+            out[split] = ds.map(encode, batched=True, remove_columns=ds.column_names)
+    return out
+
+
+def _blocks(rows: dict, block_size: int) -> dict:
+    """All texts concatenated and cut into ``block_size`` pieces; the remainder is dropped (kept when it is all there is)."""
+    ids = [t for row in rows["input_ids"] for t in row]
+    n = max(len(ids) // block_size, 1)
+    blocks = [ids[i * block_size: (i + 1) * block_size] for i in range(n)]
+    return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+
+
+# ------------------------------------------------------------------------------------- the job
+
+
+def run_train(argv: list[str]) -> dict[str, Any]:
+    """``cadence train``: parse, check the data, load the model, train, evaluate, save; returns the metrics."""
+    try:
+        import datasets  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as error:
+        raise ImportError(f"cadence train needs transformers and datasets ({error}): pip install 'cadence[hf]'") from None
+    from .trainer import Trainer
+
+    script, args = parse(argv)
+    splits = load_data(script)  # every file and column checked before the model is loaded
+    labels = label_names(splits["train"][script.label_column]) if script.task == "sequence-classification" else None
+    model, tokenizer, how = load_model(script, labels)
+    block_size = script.block_size or default_block_size(model, tokenizer)
+    data = tokenize(splits, script, tokenizer, block_size, labels)
+    trainer = Trainer(model, args, train_dataset=data["train"], eval_dataset=data.get("validation"),
+                      processing_class=tokenizer)
+    result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    metrics = dict(result.metrics)
+    if "validation" in data:
+        metrics.update(trainer.evaluate())
+        if script.task == "causal-lm":
+            metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50))
+    trainer.save_model()
+    if args.should_save:
+        trainer.state.save_to_json(os.path.join(args.output_dir, "trainer_state.json"))
+        with open(os.path.join(args.output_dir, "all_results.json"), "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2)
+    _print_summary(script, args, how, len(data["train"]), block_size, metrics)
+    return metrics
+
+
+def _print_summary(script, args, how: str, rows: int, block_size: int, metrics: dict) -> None:
+    out = Path(args.output_dir).resolve()
+    lines = [f"\ncadence train: {script.task} model {script.model!r} ({how}), {rows} training rows of up to {block_size} tokens",
+             f"  train loss  {metrics['train_loss']:.4f} ({metrics['train_runtime']:.1f} s)"]
+    if "eval_loss" in metrics:
+        lines.append(f"  eval loss   {metrics['eval_loss']:.4f}"
+                     + (f", perplexity {metrics['eval_perplexity']:.2f}" if "eval_perplexity" in metrics else ""))
+    lines.append(f"  model       {out} (config.json, model.safetensors, tokenizer)")
+    lines.append(f"  metrics     {out / 'all_results.json'}, history {out / 'trainer_state.json'}")
+    if "jsonl" in args.report_to:
+        lines.append(f"  curves      cadence plot {out}")
+    for name in args.report_to:
+        if name == "tensorboard":
+            lines.append(f"  tensorboard tensorboard --logdir {args.logging_dir or out / 'runs'}")
+    print("\n".join(lines))

@@ -1,0 +1,139 @@
+"""``report_to="tensorboard"``: event files under ``logging_dir`` (default ``output_dir/runs/<time>_<host>``).
+
+Scalars carry transformers' names (``train/loss``, ``train/learning_rate``, ``train/grad_norm``,
+``eval/loss``, ...) at the global step; the arguments (and the model's config) are text. A resumed
+run writes into the same folder with a purge step: TensorBoard drops the steps the interrupted run
+logged after its checkpoint, so every step appears once.
+
+The events are written here, in the training thread, one record per log (``_EventFile``). torch's
+``SummaryWriter`` writes one record per scalar from a background thread that checksums each record
+with tensorboard's pure-Python CRC-32C; that thread holds the GIL about 0.2 ms per record and stalls
+a fast training loop. With ``google-crc32c`` installed (the ``tensorboard`` extra) the checksum is C.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import time
+from datetime import datetime
+from typing import Any
+
+from .base import TrackerCallback, rewrite_logs
+
+FLUSH_SECS = 5  # the file is flushed at most this often (and when closed): a run in progress stays current
+
+
+def default_logdir() -> str:
+    """``runs/<Mon><DD>_<HH-MM-SS>_<host>``: PyTorch's and transformers' default, relative to ``output_dir``."""
+    return os.path.join("runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname())
+
+
+def masked_crc32c():
+    """TensorBoard's record checksum: CRC-32C, rotated and offset ("masked"); C when google-crc32c is installed."""
+    try:
+        import google_crc32c
+    except ImportError:
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as slow
+
+        return slow
+    crc = google_crc32c.value
+
+    def masked(data: bytes) -> int:
+        value = crc(data)
+        return (((value >> 15) | (value << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    return masked
+
+
+class _EventFile:
+    """One TensorBoard event file: ``Event`` protos as TFRecords (length, its checksum, data, its checksum)."""
+
+    _numbers = itertools.count()  # two files opened in the same second get different names
+
+    def __init__(self, folder: str, purge_step: int | None):
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self._event = Event
+        self._crc = masked_crc32c()
+        os.makedirs(folder, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(self._numbers)}"
+        self._file = open(os.path.join(folder, name), "ab")  # noqa: SIM115 - open for the run, closed in close()
+        self._next_flush = 0.0
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if purge_step is not None:  # readers drop the events at and after this step that came before this mark
+            self._write(Event(wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+
+    def add_summary(self, summary: Any, global_step: int) -> None:
+        self._write(self._event(wall_time=time.time(), step=global_step, summary=summary))
+
+    def _write(self, event: Any) -> None:
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        self._file.write(header + struct.pack("<I", self._crc(header)) + data + struct.pack("<I", self._crc(data)))
+        now = time.monotonic()
+        if now >= self._next_flush:
+            self._file.flush()
+            self._next_flush = now + FLUSH_SECS
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardCallback(TrackerCallback):
+    """Send the logs to TensorBoard.
+
+    Args:
+        tb_writer: a ``SummaryWriter`` (torch's or tensorboardX's) to write through instead of cadence's own file.
+
+    Environment:
+        TENSORBOARD_LOGGING_DIR: the folder, when ``logging_dir`` is not set.
+    """
+
+    def __init__(self, tb_writer: Any = None):
+        super().__init__()
+        from tensorboard.compat.proto.summary_pb2 import Summary  # needs the tensorboard package
+
+        self._summary = Summary
+        self.tb_writer = tb_writer
+        self._events = None  # what add_summary() goes to
+
+    def start(self, args, state, model, resumed):
+        if self.tb_writer is not None:  # the user's writer
+            self.run_id, self._events = self.tb_writer.log_dir, self.tb_writer._get_file_writer()
+        else:
+            if not resumed:
+                folder = args.logging_dir or os.getenv("TENSORBOARD_LOGGING_DIR")
+                folder = os.path.expanduser(folder) if folder else os.path.join(args.output_dir, default_logdir())
+                if state.trial_name is not None:  # each search trial in its own folder
+                    folder = os.path.join(folder, state.trial_name)
+                self.run_id = folder
+            # on a resume, events past the checkpoint's step came from the interrupted run: purged
+            self._events = _EventFile(self.run_id, state.global_step + 1 if state.global_step > 0 else None)
+        if not resumed:
+            self._text("args", args.to_json_string(), 0)
+            config = getattr(model, "config", None)
+            if config is not None and hasattr(config, "to_json_string"):
+                self._text("model_config", config.to_json_string(), 0)
+
+    def _text(self, tag: str, text: str, step: int) -> None:
+        from torch.utils.tensorboard.summary import text as text_summary
+
+        self._events.add_summary(text_summary(tag, text), step)
+
+    def write(self, logs, step):
+        logs = rewrite_logs(logs)
+        # one event holding every number of the log: one record per log, not one per metric
+        values = [self._summary.Value(tag=k, simple_value=v) for k, v in logs.items() if isinstance(v, (int, float))]
+        self._events.add_summary(self._summary(value=values), step)
+        for key, value in logs.items():
+            if isinstance(value, str):
+                self._text(key, value, step)
+
+    def finish(self, failed):
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+        self.tb_writer = None  # as transformers: the writer is closed with the run

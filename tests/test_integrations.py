@@ -1,0 +1,433 @@
+"""report_to trackers, each read back offline by its own library: TensorBoard's EventAccumulator, MLflow's
+client over a local SQLite store, W&B's offline run file (decoded with W&B's own protobuf records),
+Trackio's local store; and cadence's log_history.jsonl. No tracker is mocked.
+
+Every run logs each step; the reference for the logged numbers is ``trainer.state.log_history``.
+TensorBoard stores float32 (rel. 1e-6); the others keep float64 (exact)."""
+
+import glob
+import importlib.util
+import json
+import logging
+import os
+import struct
+import sys
+import time
+
+import pytest
+
+from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence.integrations import registry
+from cadence.integrations.jsonl import read_log_history
+from tiny import RegressionDataset, RegressionModel, stop_at
+
+STEPS, SAVE = 8, 4
+
+
+def make_trainer(out_dir, report_to, max_steps=STEPS, callbacks=None, **kw):
+    args = TrainingArguments(output_dir=out_dir, report_to=report_to, logging_steps=1, max_steps=max_steps,
+                             save_steps=SAVE, per_device_train_batch_size=8, learning_rate=0.05, disable_tqdm=True,
+                             use_cpu=True, eval_strategy="steps", eval_steps=SAVE, **kw)
+    return Trainer(RegressionModel(), args, train_dataset=RegressionDataset(), eval_dataset=RegressionDataset(16, seed=1),
+                   callbacks=callbacks)
+
+
+def losses(log_history):
+    """{step: training loss} of the per-step logs."""
+    return {h["step"]: h["loss"] for h in log_history if "loss" in h}
+
+
+def interrupted_then_resumed(out_dir, report_to, stop=6, **kw):
+    """A run stopped at step ``stop`` (after its checkpoint at SAVE), then resumed from checkpoint-SAVE in a
+    new Trainer; returns (first trainer, resumed trainer)."""
+    first = make_trainer(out_dir, report_to, callbacks=[stop_at(stop)], **kw)
+    first.train()
+    resumed = make_trainer(out_dir, report_to, **kw)
+    resumed.train(resume_from_checkpoint=os.path.join(out_dir, f"checkpoint-{SAVE}"))
+    return first, resumed
+
+
+def needs(package):
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=f"{package} is not installed")
+
+
+# ----------------------------------------------------------------------------------------- registry
+
+
+def test_all_means_every_installed_tracker(monkeypatch):
+    monkeypatch.delenv("DISABLE_MLFLOW_INTEGRATION", raising=False)
+    expected = [n for n in ("tensorboard", "mlflow", "wandb", "trackio") if importlib.util.find_spec(n)] + ["jsonl"]
+    assert TrainingArguments(report_to="all").report_to == expected
+    monkeypatch.setenv("DISABLE_MLFLOW_INTEGRATION", "TRUE")  # transformers' switch
+    assert "mlflow" not in TrainingArguments(report_to="all").report_to
+
+
+@pytest.mark.parametrize("report_to, words", [
+    ("bogus", ["'bogus'", "not a tracker name", "'tensorboard'"]),
+    ("comet_ml", ["'comet_ml'", "cadence does not yet"]),
+    (["none", "jsonl"], ["'none'", "stand alone"]),
+])
+def test_unknown_name_is_refused_with_the_valid_ones(report_to, words):
+    with pytest.raises(ValueError) as error:
+        TrainingArguments(report_to=report_to)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_all_leaves_out_a_tracker_that_is_not_installed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "trackio", None)  # as if trackio were not installed
+    assert "trackio" not in TrainingArguments(report_to="all").report_to
+
+
+def test_missing_package_is_an_error_at_trainer_creation(out_dir, monkeypatch):
+    args = TrainingArguments(output_dir=out_dir, report_to=["jsonl", "wandb"], use_cpu=True)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed
+    with pytest.raises(ValueError, match=r"'wandb'.*`wandb` package: pip install wandb"):
+        Trainer(RegressionModel(), args, train_dataset=RegressionDataset())
+
+
+# ----------------------------------------------------------------------------------------- jsonl
+
+
+def test_jsonl_rows_are_the_log_history(out_dir):
+    trainer = make_trainer(out_dir, "jsonl")
+    trainer.train()
+    trainer.evaluate()  # after training: appended to the same file
+    path = os.path.join(out_dir, "log_history.jsonl")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    assert rows == trainer.state.log_history  # every key and number (JSON keeps float64 exactly)
+    assert read_log_history(path) == rows
+
+
+def test_jsonl_resumed_run_appends_and_reads_as_one_run(out_dir, tmp_path):
+    unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
+    unbroken.train()
+    first, resumed = interrupted_then_resumed(out_dir, "jsonl")
+    path = os.path.join(out_dir, "log_history.jsonl")
+    with open(path) as f:
+        raw = [json.loads(line) for line in f]
+    # never rewritten: the interrupted run's rows stay first in the file, the resumed run's follow
+    assert raw[: len(first.state.log_history)] == first.state.log_history
+    assert [r["step"] for r in raw if "loss" in r] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+    history = read_log_history(path)
+    assert history == resumed.state.log_history  # the checkpoint's history plus the resumed steps
+    assert losses(history) == losses(unbroken.state.log_history)  # exact resume: bit-identical losses
+
+
+# ----------------------------------------------------------------------------------------- tensorboard
+
+
+def read_scalars(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(folder, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    scalars = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    steps = {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return acc, scalars, steps
+
+
+@needs("tensorboard")
+def test_tensorboard_scalars_and_arguments(out_dir):
+    trainer = make_trainer(out_dir, "tensorboard")
+    trainer.train()
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))  # output_dir/runs/<time>_<host>
+    acc, scalars, _ = read_scalars(folder)
+    for name in ("loss", "grad_norm", "learning_rate"):
+        expected = {h["step"]: h[name] for h in trainer.state.log_history if name in h}
+        assert scalars[f"train/{name}"] == pytest.approx(expected, rel=1e-6)  # TensorBoard keeps float32
+    evals = {h["step"]: h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h}
+    assert scalars["eval/loss"] == pytest.approx(evals, rel=1e-6) and sorted(evals) == [4, 8]
+    assert scalars["train/train_loss"] == pytest.approx({STEPS: trainer.state.log_history[-1]["train_loss"]}, rel=1e-6)
+    text = acc.Tensors("args/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert json.loads(text) == json.loads(trainer.args.to_json_string())
+
+
+@needs("tensorboard")
+def test_tensorboard_logging_dir_and_resume_into_the_same_run(out_dir, tmp_path):
+    unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
+    unbroken.train()
+    logging_dir = str(tmp_path / "tb")
+    interrupted_then_resumed(out_dir, "tensorboard", logging_dir=logging_dir)
+    _, scalars, steps = read_scalars(logging_dir)
+    # purge_step dropped the interrupted run's steps 5 and 6: each step once, the resumed values
+    assert steps["train/loss"] == list(range(1, STEPS + 1))
+    assert scalars["train/loss"] == pytest.approx(losses(unbroken.state.log_history), rel=1e-6)
+    assert not os.path.exists(os.path.join(out_dir, "runs"))
+
+
+@needs("tensorboard")
+@pytest.mark.parametrize("restore", [False, True])  # True: the callback itself is rebuilt from its saved state
+def test_tensorboard_default_folder_is_kept_across_a_resume(out_dir, restore):
+    interrupted_then_resumed(out_dir, "tensorboard", restore_callback_states_from_checkpoint=restore)
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))  # one run folder: the resumed run reopened it
+    _, _, steps = read_scalars(folder)
+    assert steps["train/loss"] == list(range(1, STEPS + 1))
+
+
+@needs("tensorboard")
+def test_tensorboard_checksum_and_a_users_writer(out_dir, tmp_path):
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
+    from torch.utils.tensorboard import SummaryWriter
+
+    from cadence.integrations.tensorboard import TensorBoardCallback, masked_crc32c
+
+    for data in (b"", b"x", bytes(range(256)) * 3):
+        assert masked_crc32c()(data) == reference(data)  # tensorboard's own (pure Python) checksum
+    writer = SummaryWriter(str(tmp_path / "mine"))
+    trainer = make_trainer(out_dir, "none", callbacks=[TensorBoardCallback(tb_writer=writer)])
+    trainer.train()
+    _, scalars, _ = read_scalars(str(tmp_path / "mine"))
+    assert scalars["train/loss"] == pytest.approx(losses(trainer.state.log_history), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------- failures
+
+
+def test_failing_tracker_is_switched_off_and_training_finishes(out_dir, caplog):
+    class CloseTheFile(TrainerCallback):  # the disk goes away under the jsonl tracker before the log of step 3
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                next(cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ == "JsonlCallback")._file.close()
+
+    trainer = make_trainer(out_dir, "jsonl", callbacks=[CloseTheFile()])
+    with caplog.at_level(logging.ERROR, logger="cadence"):
+        result = trainer.train()
+    assert result.global_step == STEPS
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "'jsonl' failed in on_log" in errors[0].getMessage()
+    assert "switched off" in errors[0].getMessage()
+    assert [r["step"] for r in read_log_history(os.path.join(out_dir, "log_history.jsonl"))] == [1, 2]
+
+
+@needs("tensorboard")
+def test_tracker_that_cannot_start_leaves_the_others_running(out_dir, tmp_path, caplog):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    trainer = make_trainer(out_dir, ["tensorboard", "jsonl"], logging_dir=str(blocker / "tb"))
+    with caplog.at_level(logging.ERROR, logger="cadence"):
+        trainer.train()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "'tensorboard' failed in on_train_begin" in errors[0]
+    assert read_log_history(os.path.join(out_dir, "log_history.jsonl")) == trainer.state.log_history
+
+
+def test_only_the_main_process_reports(out_dir):
+    trainer = make_trainer(out_dir, "jsonl")
+    trainer.state.is_world_process_zero = False  # what every process but rank 0 has
+    trainer.train()
+    assert not os.path.exists(os.path.join(out_dir, "log_history.jsonl"))
+
+
+# ----------------------------------------------------------------------------------------- mlflow
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory):
+    """One local SQLite tracking store for the module (MLflow 3 deprecates file stores; creating one takes seconds)."""
+    pytest.importorskip("mlflow")
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def mlflow_store(mlflow_uri, request, monkeypatch):
+    """MLFLOW_TRACKING_URI and an experiment of this test's own; yields the client."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", request.node.name)
+    mlflow.set_tracking_uri(mlflow_uri)
+    yield mlflow.MlflowClient(mlflow_uri)
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
+
+
+def only_run(client):
+    experiment = client.get_experiment_by_name(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    (run,) = client.search_runs([experiment.experiment_id])
+    return run
+
+
+@needs("mlflow")
+@pytest.mark.slow
+def test_mlflow_params_metrics_and_status(out_dir, mlflow_store):
+    trainer = make_trainer(out_dir, "mlflow", run_name="r1", lr_scheduler_type="polynomial",
+                           lr_scheduler_kwargs={"power": 2.0},
+                           hub_model_id="x" * 7000)
+    trainer.train()
+    run = only_run(mlflow_store)
+    assert run.info.status == "FINISHED" and run.info.run_name == "r1"
+    assert run.data.params["learning_rate"] == "0.05" and run.data.params["max_steps"] == str(STEPS)
+    assert run.data.params["lr_scheduler_kwargs/power"] == "2.0"  # flattened
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    assert run.data.params["hub_model_id"] == "x" * (MAX_PARAM_VAL_LENGTH - 3) + "..."  # cut to MLflow's limit
+    history = {m.step: m.value for m in mlflow_store.get_metric_history(run.info.run_id, "loss")}
+    assert history == losses(trainer.state.log_history)  # float64, exact
+    evals = mlflow_store.get_metric_history(run.info.run_id, "eval_loss")
+    assert sorted(m.step for m in evals) == [4, 8]
+
+
+@needs("mlflow")
+@pytest.mark.slow
+def test_mlflow_run_is_failed_on_an_error_and_resumed_into_the_same_run(out_dir, mlflow_store):
+    class Crash(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 6:
+                raise RuntimeError("power cut")
+
+    with pytest.raises(Exception, match="power cut"):
+        make_trainer(out_dir, "mlflow", callbacks=[Crash()]).train()
+    run = only_run(mlflow_store)
+    assert run.info.status == "FAILED"  # ended, not left running
+    resumed = make_trainer(out_dir, "mlflow")
+    resumed.train(resume_from_checkpoint=True)  # checkpoint-4
+    run = only_run(mlflow_store)  # still one run: the same one, reopened
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in mlflow_store.get_metric_history(run.info.run_id, "loss")]
+    assert sorted(set(steps)) == list(range(1, STEPS + 1))  # 5 and 6 twice: the crashed run's and the resumed run's
+
+
+@needs("mlflow")
+@pytest.mark.slow
+def test_mlflow_search_trial_is_a_nested_run(out_dir, mlflow_store):
+    import mlflow
+
+    from cadence import TrainerState
+    from cadence.integrations.mlflow import MLflowCallback
+
+    args = TrainingArguments(output_dir=out_dir, use_cpu=True)
+    state = TrainerState(is_hyper_param_search=True, trial_name="trial-0", trial_params={"learning_rate": 0.1})
+    mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    with mlflow.start_run(run_name="search") as parent:
+        cb = MLflowCallback()
+        cb.on_train_begin(args, state, None)
+        cb.on_log(args, state, None, logs={"loss": 1.5})
+        cb.on_train_end(args, state, None)
+        assert mlflow.active_run().info.run_id == parent.info.run_id  # the parent stays open
+    child = mlflow_store.get_run(cb.run_id)
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert child.info.run_name == "trial-0" and child.data.params["learning_rate"] == "0.1"
+
+
+# ----------------------------------------------------------------------------------------- wandb
+
+
+def wandb_records(path):
+    """Decode a W&B offline run file (``run-<id>.wandb``) into its protobuf ``Record`` messages.
+
+    The file is W&B's record log: a 7-byte header (":W&B", magic, version) and then LevelDB-log framing,
+    32 KiB blocks of chunks (crc32, length, type: full/first/middle/last); each record a serialized
+    ``wandb_internal_pb2.Record``, decoded here with W&B's own message class.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos: pos + 7])
+        if kind == 0:
+            break
+        pending += data[pos + 7: pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_history(paths):
+    """(run ids, {train/global_step: {key: value}}, config keys, artifacts) over the run files."""
+    ids, rows, config, artifacts = set(), {}, set(), []
+    for path in paths:
+        deadline = time.time() + 60  # W&B's service process may still be writing the file out after finish()
+        while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path)) and time.time() < deadline:
+            time.sleep(0.2)
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add((record.run.run_id, record.run.project, record.run.display_name))
+                config |= {item.key for item in record.run.config.update}
+            elif kind == "config":
+                config |= {item.key for item in record.config.update}
+            elif kind == "history":  # a key with "/" is stored as its parts
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                rows.setdefault(row["train/global_step"], {}).update(row)
+            elif kind == "artifact":
+                artifacts.append((record.artifact.type, record.artifact.name))
+    return ids, rows, config, artifacts
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    wandb.teardown()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_PROJECT", "cadence-test")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    yield tmp_path
+    import wandb
+
+    wandb.teardown()  # W&B keeps the settings (WANDB_DIR) of its first run per process until torn down
+
+
+@needs("wandb")
+@pytest.mark.slow
+def test_wandb_offline_run_file(out_dir, wandb_offline, monkeypatch):
+    monkeypatch.setenv("WANDB_LOG_MODEL", "checkpoint")
+    trainer = make_trainer(out_dir, "wandb", run_name="r1")
+    trainer.train()
+    (path,) = glob.glob(str(wandb_offline / "wandb" / "offline-run-*" / "run-*.wandb"))
+    ids, rows, config, artifacts = wandb_history([path])
+    (run_id, project, name), = ids
+    assert project == "cadence-test" and name == "r1"
+    assert {"learning_rate", "max_steps", "output_dir"} <= config
+    assert {s: r["train/loss"] for s, r in rows.items() if "train/loss" in r} == losses(trainer.state.log_history)
+    assert {s: r["eval/loss"] for s, r in rows.items() if "eval/loss" in r} == {
+        h["step"]: h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h}
+    assert all("train/train_runtime" not in r for r in rows.values())  # end-of-run numbers go to the summary
+    assert artifacts == [("model", f"model-{run_id}")] * 2  # checkpoint-4 and checkpoint-8
+
+
+@needs("wandb")
+@pytest.mark.slow
+def test_wandb_resume_continues_the_same_run(out_dir, wandb_offline):
+    interrupted_then_resumed(out_dir, "wandb")
+    paths = sorted(glob.glob(str(wandb_offline / "wandb" / "offline-run-*" / "run-*.wandb")))
+    ids, rows, _, _ = wandb_history(paths)
+    assert len(paths) == 2 and len({run_id for run_id, _, _ in ids}) == 1  # two sessions of one run
+    assert sorted(s for s, r in rows.items() if "train/loss" in r) == list(range(1, STEPS + 1))
+
+
+# ----------------------------------------------------------------------------------------- trackio
+
+
+@pytest.fixture
+def trackio_store(tmp_path, monkeypatch):
+    trackio = pytest.importorskip("trackio")
+    monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", tmp_path, raising=False)
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path))
+    return trackio.SQLiteStorage
+
+
+@needs("trackio")
+@pytest.mark.slow
+def test_trackio_local_store_and_resume(out_dir, trackio_store, tmp_path):
+    unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
+    unbroken.train()
+    first, resumed = interrupted_then_resumed(out_dir, "trackio", project="cadence-test", run_name="r1")
+    assert trackio_store.get_runs("cadence-test") == ["r1"]  # the resumed run continued it
+    logs = trackio_store.get_logs("cadence-test", "r1")
+    loss = {}
+    for row in logs:
+        if "train/loss" in row:
+            loss[row["step"]] = row["train/loss"]  # the resumed run's value is the later row
+    assert loss == losses(unbroken.state.log_history)

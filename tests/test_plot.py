@@ -1,0 +1,79 @@
+"""cadence plot: a PNG that decodes, at the size its panels give, from a cadence run (finished and in
+progress) and from a transformers.Trainer run dir; the panels hold the run's numbers."""
+
+import os
+
+import pytest
+
+from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence.cli import main
+from cadence.plot import figure_size, load_history, panels
+from tiny import Classifier, ClassDataset, RegressionDataset, RegressionModel
+
+pytest.importorskip("matplotlib")
+
+
+def decoded_size(path):
+    import matplotlib.image
+
+    image = matplotlib.image.imread(path)  # decodes the PNG
+    return image.shape[1], image.shape[0]
+
+
+def test_plot_of_a_cadence_run(out_dir, tmp_path, capsys):
+    def accuracy(p):
+        return {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())}
+
+    args = TrainingArguments(out_dir, report_to="jsonl", logging_steps=1, max_steps=6, eval_strategy="steps",
+                             eval_steps=3, per_device_train_batch_size=4, disable_tqdm=True, use_cpu=True)
+    trainer = Trainer(Classifier(), args, train_dataset=ClassDataset(20), eval_dataset=ClassDataset(8, seed=4),
+                      compute_metrics=accuracy)
+    trainer.train()
+    out = tmp_path / "curves.png"
+    assert main(["plot", out_dir, "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    drawn = panels(trainer.state.log_history)
+    assert [title for title, _ in drawn] == ["loss", "learning rate", "grad norm", "eval_accuracy"]
+    (_, train, _), (_, evals, eval_values) = drawn[0][1][0], drawn[0][1][1]
+    assert train == list(range(1, 7)) and evals == [3, 6]
+    assert eval_values == [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    assert decoded_size(out) == figure_size(4) == (1000, 700)
+
+
+def test_plot_of_a_run_in_progress(out_dir):
+    """A callback plots the run from its own output_dir at step 5 of 8: the jsonl written so far is drawn."""
+    seen = {}
+
+    class PlotNow(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 5:
+                history, source = load_history(out_dir)
+                seen["steps"], seen["source"] = [h["step"] for h in history], source.name
+                main(["plot", out_dir])
+
+    args = TrainingArguments(out_dir, report_to="jsonl", logging_steps=1, max_steps=8, save_steps=3,
+                             disable_tqdm=True, use_cpu=True)
+    Trainer(RegressionModel(), args, train_dataset=RegressionDataset(), callbacks=[PlotNow()]).train()
+    # logged through step 4 (step 5 logs after on_step_end); checkpoint-3 holds less: the jsonl wins
+    assert seen == {"steps": [1, 2, 3, 4], "source": "log_history.jsonl"}
+    assert decoded_size(os.path.join(out_dir, "training_curves.png")) == figure_size(3)
+
+
+def test_plot_of_a_transformers_trainer_run(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out_dir = str(tmp_path / "hf")
+    args = transformers.TrainingArguments(out_dir, report_to="none", logging_steps=1, max_steps=6, save_steps=3,
+                                          eval_strategy="steps", eval_steps=3, disable_tqdm=True, use_cpu=True)
+    trainer = transformers.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(),
+                                   eval_dataset=RegressionDataset(16, seed=1))
+    trainer.train()
+    history, source = load_history(out_dir)  # transformers writes trainer_state.json only into checkpoints
+    assert source == tmp_path / "hf" / "checkpoint-6" / "trainer_state.json"
+    assert history == trainer.state.log_history[:-1]  # all but the end-of-training summary, logged after the last save
+    assert main(["plot", out_dir]) == 0
+    assert decoded_size(os.path.join(out_dir, "training_curves.png")) == figure_size(3) == (1000, 700)
+
+
+def test_plot_errors(tmp_path, capsys):
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "no log_history.jsonl, trainer_state.json" in capsys.readouterr().err
