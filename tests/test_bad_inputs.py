@@ -234,7 +234,7 @@ ROWS = [
     arg_row("load_best_model_at_end", True, "save_strategy='no'", eval_strategy="steps"),
     arg_row("save_steps", 3, "eval_steps=2", load_best_model_at_end=True, eval_strategy="steps", eval_steps=2,
             save_strategy="steps"),
-    arg_row("fsdp", "full_shard", "FSDP"),
+    Row("args-fsdp='sideways'", lambda out: fit(out, args_kw=dict(fsdp="sideways")), ValueError, ("fsdp", "sideways")),
     arg_row("hub_strategy", "sometimes", "'sometimes'"),
     # --- the Trainer's own arguments
     Row("trainer-no-model", lambda out: Trainer(None, args(out)), ValueError, ("model=", "model_init=")),
