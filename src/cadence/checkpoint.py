@@ -336,9 +336,12 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+DELETING_PREFIX = "deleting-"  # a rotated-away checkpoint between its rename and the end of its deletion
+
+
 def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
-    """Delete ``tmp-checkpoint-*`` folders a killed save left behind; put back an ``old-checkpoint-N``
-    whose replacement was interrupted. Returns the deleted folders."""
+    """Delete ``tmp-checkpoint-*`` folders a killed save left behind and ``deleting-checkpoint-*`` ones a killed
+    rotation left; put back an ``old-checkpoint-N`` whose replacement was interrupted. Returns the deleted folders."""
     output_dir = Path(output_dir)
     deleted = []
     for old in output_dir.glob("old-checkpoint-*"):
@@ -348,6 +351,9 @@ def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
         else:
             shutil.rmtree(old, ignore_errors=True)
             deleted.append(old)
+    for doomed in output_dir.glob(DELETING_PREFIX + "checkpoint-*"):  # a rotation killed mid-delete
+        shutil.rmtree(doomed, ignore_errors=True)
+        deleted.append(doomed)
     for tmp in output_dir.glob("tmp-checkpoint-*"):
         if CHECKPOINT_DIR_RE.match(tmp.name[len("tmp-"):]) and tmp.is_dir():
             logger.info("removing incomplete checkpoint %s (a save was interrupted)", tmp)
@@ -378,7 +384,10 @@ def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: s
     deleted = deletable[: max(excess, 0)]
     for path in deleted:
         logger.info("deleting older checkpoint %s (save_total_limit=%d)", path, limit)
-        shutil.rmtree(path, ignore_errors=True)
+        # renamed first (atomic), then deleted: a kill mid-delete leaves a deleting-checkpoint-N, never a partial checkpoint-N
+        doomed = path.with_name(DELETING_PREFIX + path.name)
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
     return deleted
 
 

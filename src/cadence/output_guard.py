@@ -33,12 +33,13 @@ LOCK_NAME = "cadence.lock"
 
 def _checkpoint_folders(output_dir: Path, leftovers: bool) -> list[Path]:
     """Every ``checkpoint-N`` folder (complete or not) and ``old-checkpoint-N`` (one being replaced, put
-    back on resume); with ``leftovers`` also the ``tmp-checkpoint-N`` of saves killed half-way, which
+    back on resume); with ``leftovers`` also the ``tmp-checkpoint-N`` of saves killed half-way (and the
+    ``deleting-checkpoint-N`` of rotations killed half-way), which
     are never resumed from and so belong to nobody."""
     found = []
     for path in output_dir.iterdir():
         name = path.name
-        for prefix in ("", "old-", *(("tmp-",) if leftovers else ())):
+        for prefix in ("", "old-", *(("tmp-", "deleting-") if leftovers else ())):
             if name.startswith(prefix) and CHECKPOINT_DIR_RE.match(name[len(prefix):]) and path.is_dir():
                 found.append(path)
                 break
