@@ -10,6 +10,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+from dist_exit import finish  # noqa: E402
 from test_resume import DropoutTagger, make_args  # noqa: E402
 from tiny import stop_at  # noqa: E402
 from tiny import TokenDataset, pad_collate  # noqa: E402
@@ -43,3 +44,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    finish()

@@ -18,6 +18,7 @@ transformers); ``tf32=False`` turns it off on CUDA and does nothing on a CPU.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 from datetime import timedelta
@@ -26,6 +27,13 @@ from typing import Any
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+def _destroy_process_group() -> None:
+    """End the process group cadence started (at exit): its gloo/NCCL threads stop before the interpreter
+    tears down, instead of "terminate called without an active exception" after the work is done."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 class Backend:
@@ -55,7 +63,10 @@ class Backend:
                 **({"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb else {}),
             )
             init = InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout), backend=args.ddp_backend)
+            started_here = not torch.distributed.is_initialized()
             self.accelerator = Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init])
+            if started_here:  # ours to end: a group left to the interpreter's teardown can abort the process
+                atexit.register(_destroy_process_group)
             self.device = self.accelerator.device
         else:
             self.device = args.device

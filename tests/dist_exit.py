@@ -1,0 +1,39 @@
+"""The ending every multi-process test worker shares (end the process group, then say so), and the
+tests' check of it."""
+
+import atexit
+import os
+
+import torch
+
+
+def finish() -> None:
+    """End the process group before exit (cadence does too, at exit) and print ``FINISHED rank R``, which
+    the tests count: a worker that aborts in its teardown never prints it."""
+    rank = 0
+    if torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+        torch.distributed.destroy_process_group()
+    print(f"FINISHED rank {rank}", flush=True)
+
+
+def finish_at_exit() -> None:
+    """Leave ending the process group to cadence, and check at exit that it did: this hook is registered
+    before the Trainer registers its own, and atexit runs the last registered first."""
+
+    def check() -> None:
+        if torch.distributed.is_initialized():
+            print("PROCESS GROUP LEFT OPEN", flush=True)
+        else:
+            print(f"FINISHED rank {os.environ.get('RANK', '0')}", flush=True)
+
+    atexit.register(check)
+
+
+def assert_finished(proc, nproc):
+    """Every worker ended its process group and got to its last line, and the launcher exited 0 (a worker
+    aborting in its teardown after writing its results is a failure too, not a pass on the results alone)."""
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("FINISHED")) == [
+        f"FINISHED rank {r}" for r in range(nproc)], proc.stdout[-3000:]
+    assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
