@@ -7,7 +7,6 @@ import enum
 import io
 import logging
 import sys
-import types
 from types import SimpleNamespace
 
 import pytest
@@ -413,27 +412,6 @@ def test_missing_optional_package_names_it(monkeypatch):
         co.check_optimizer("galore_adamw")
 
 
-# A stand-in bitsandbytes: optimizers that record their kwargs, and the override manager.
-class _FakeBnbOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, **kwargs):
-        self.kwargs = kwargs
-        super().__init__(params, {"lr": kwargs["lr"]})
-
-
-def _fake_bitsandbytes(monkeypatch):
-    overrides = []
-    optim = types.ModuleType("bitsandbytes.optim")
-    for cls_name in ("AdamW", "Lion", "RMSprop", "AdEMAMix"):
-        setattr(optim, cls_name, type(cls_name, (_FakeBnbOptimizer,), {"__module__": "bitsandbytes.optim"}))
-    manager = SimpleNamespace(register_module_override=lambda m, p, cfg: overrides.append((m, p, cfg)))
-    optim.GlobalOptimManager = SimpleNamespace(get_instance=lambda: manager)
-    package = types.ModuleType("bitsandbytes")
-    package.optim = optim
-    monkeypatch.setitem(sys.modules, "bitsandbytes", package)
-    monkeypatch.setitem(sys.modules, "bitsandbytes.optim", optim)
-    return overrides
-
-
 @pytest.mark.parametrize(
     "optim,optim_args",
     [
@@ -446,23 +424,28 @@ def _fake_bitsandbytes(monkeypatch):
         ("rmsprop_bnb_8bit", "alpha=0.9,eps=1e-6"),
     ],
 )
-def test_bitsandbytes_kwargs_equal_transformers(monkeypatch, optim, optim_args):
-    hf_trainer_optimizer = pytest.importorskip("transformers.trainer_optimizer")
+def test_bitsandbytes_kwargs_equal_transformers(optim, optim_args):
+    """The real bitsandbytes (its optimizers run on CPUs): the class and kwargs transformers picks, and
+    8-bit states everywhere but the embeddings, which stay 32-bit as transformers arranges."""
+    bnb = pytest.importorskip("bitsandbytes")
     OptimizerNames = pytest.importorskip("transformers.training_args").OptimizerNames
-    overrides = _fake_bitsandbytes(monkeypatch)
-    monkeypatch.setattr(hf_trainer_optimizer, "is_bitsandbytes_available", lambda *a: True)
     args = _args(optim=OptimizerNames(optim), optim_args=optim_args, adam_beta1=0.8)
     ours_cls, ours_kwargs = co.get_optimizer_cls_and_kwargs(args)
     theirs_cls, theirs_kwargs = pytest.importorskip("transformers").Trainer.get_optimizer_cls_and_kwargs(args)
-    assert ours_cls is theirs_cls
+    assert ours_cls is theirs_cls and ours_cls.__module__.startswith("bitsandbytes.optim")
     if "rmsprop" in optim:  # transformers forwards these as raw strings; we convert them
         theirs_kwargs = {k: float(v) if isinstance(v, str) else v for k, v in theirs_kwargs.items()}
     assert ours_kwargs == theirs_kwargs
-    model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 4))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(64, 64), nn.Linear(64, 64))  # 4096 values each: 8-bit states from that size
     opt = co.create_optimizer(model, args)
-    assert opt.kwargs == ours_kwargs
-    # 8-bit states are kept 32-bit for embeddings, as transformers does
-    assert overrides == ([(model[0], "weight", {"optim_bits": 32})] if "8bit" in optim else [])
+    assert isinstance(opt, ours_cls)
+    model(torch.arange(8)).square().mean().backward()
+    opt.step()
+    state_dtype = {name: opt.state[p]["state1"].dtype for name, p in model.named_parameters() if p.dim() == 2}
+    eight = torch.uint8 if "8bit" in optim else torch.float32
+    assert state_dtype == {"0.weight": torch.float32, "1.weight": eight}
+    bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple.clear()  # the registry is global
 
 
 # ---------------------------------------------------------------------------------------------
