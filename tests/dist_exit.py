@@ -2,9 +2,12 @@
 tests' check of it."""
 
 import atexit
+import faulthandler
 import os
 
 import torch
+
+faulthandler.enable()  # a worker that aborts (SIGABRT) prints every thread's Python stack: where it was
 
 
 def finish() -> None:
@@ -33,7 +36,7 @@ def finish_at_exit() -> None:
 def assert_finished(proc, nproc):
     """Every worker ended its process group and got to its last line, and the launcher exited 0 (a worker
     aborting in its teardown after writing its results is a failure too, not a pass on the results alone)."""
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert sorted(line for line in proc.stdout.splitlines() if line.startswith("FINISHED")) == [
         f"FINISHED rank {r}" for r in range(nproc)], proc.stdout[-3000:]
     assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
