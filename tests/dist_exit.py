@@ -4,10 +4,19 @@ tests' check of it."""
 import atexit
 import faulthandler
 import os
+import re
+import sys
 
 import torch
 
 faulthandler.enable()  # a worker that aborts (SIGABRT) prints every thread's Python stack: where it was
+
+
+def say(line: str) -> None:
+    """Print a line in one write: workers share the launcher's stdout, unbuffered (torchrun runs ``python -u``),
+    and print()'s separate write of the newline lets two workers' lines run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def finish() -> None:
@@ -17,7 +26,7 @@ def finish() -> None:
     if torch.distributed.is_initialized():
         rank = torch.distributed.get_rank()
         torch.distributed.destroy_process_group()
-    print(f"FINISHED rank {rank}", flush=True)
+    say(f"FINISHED rank {rank}")
 
 
 def finish_at_exit() -> None:
@@ -26,9 +35,9 @@ def finish_at_exit() -> None:
 
     def check() -> None:
         if torch.distributed.is_initialized():
-            print("PROCESS GROUP LEFT OPEN", flush=True)
+            say("PROCESS GROUP LEFT OPEN")
         else:
-            print(f"FINISHED rank {os.environ.get('RANK', '0')}", flush=True)
+            say(f"FINISHED rank {os.environ.get('RANK', '0')}")
 
     atexit.register(check)
 
@@ -37,6 +46,6 @@ def assert_finished(proc, nproc):
     """Every worker ended its process group and got to its last line, and the launcher exited 0 (a worker
     aborting in its teardown after writing its results is a failure too, not a pass on the results alone)."""
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("FINISHED")) == [
-        f"FINISHED rank {r}" for r in range(nproc)], proc.stdout[-3000:]
+    assert sorted(re.findall(r"FINISHED rank \d+", proc.stdout)) == [f"FINISHED rank {r}" for r in range(nproc)], (
+        proc.stdout[-3000:])
     assert "terminate called" not in proc.stderr, proc.stderr[-3000:]

@@ -25,7 +25,7 @@ def launch(nproc, out, *extra):
 def ok(proc):
     """Exit 0 and both workers ended cleanly (dist_exit.assert_finished); returns the step both stopped at."""
     assert_finished(proc, 2)
-    stops = re.findall(r"^STOPPED (\d+)$", proc.stdout, re.M)
+    stops = re.findall(r"STOPPED (\d+)", proc.stdout)
     assert len(stops) == 2 and stops[0] == stops[1], proc.stdout[-3000:]
     return int(stops[0])
 
