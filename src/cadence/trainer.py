@@ -132,7 +132,8 @@ class _RunningLoss:
             losses = steps.masked_fill(bad, 0.0)
         self.sum += losses.sum()
 
-    def mean(self, loss_sum: float, steps: int, nonfinite: int) -> float:
+    @staticmethod
+    def mean(loss_sum: float, steps: int, nonfinite: int) -> float:
         """``loss_sum`` over the finite ones of ``steps``; NaN when none was finite."""
         finite = steps - nonfinite
         return loss_sum / finite if finite > 0 else float("nan")
