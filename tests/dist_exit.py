@@ -3,6 +3,7 @@ tests' check of it."""
 
 import atexit
 import faulthandler
+import gc
 import os
 import re
 import sys
@@ -25,6 +26,7 @@ def finish() -> None:
     rank = 0
     if torch.distributed.is_initialized():
         rank = torch.distributed.get_rank()
+        gc.collect()  # the finished Trainer (reference cycles) and its DDP wrapper let go of the group first
         torch.distributed.destroy_process_group()
     say(f"FINISHED rank {rank}")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import logging
 from datetime import timedelta
 from typing import Any
@@ -33,6 +34,9 @@ def _destroy_process_group() -> None:
     """End the process group cadence started (at exit): its gloo/NCCL threads stop before the interpreter
     tears down, instead of "terminate called without an active exception" after the work is done."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # a Trainer lives in reference cycles: collect the unreachable ones now, so their DDP wrappers
+        # release the group here, not at some point of the interpreter's teardown
+        gc.collect()
         torch.distributed.destroy_process_group()
 
 
