@@ -428,6 +428,7 @@ def test_bitsandbytes_kwargs_equal_transformers(optim, optim_args):
     """The real bitsandbytes (its optimizers run on CPUs): the class and kwargs transformers picks, and
     8-bit states everywhere but the embeddings, which stay 32-bit as transformers arranges."""
     bnb = pytest.importorskip("bitsandbytes")
+    bnb.optim.GlobalOptimManager.get_instance().initialize()  # its override registry is process-wide, keyed by id()
     OptimizerNames = pytest.importorskip("transformers.training_args").OptimizerNames
     args = _args(optim=OptimizerNames(optim), optim_args=optim_args, adam_beta1=0.8)
     ours_cls, ours_kwargs = co.get_optimizer_cls_and_kwargs(args)
@@ -445,7 +446,6 @@ def test_bitsandbytes_kwargs_equal_transformers(optim, optim_args):
     state_dtype = {name: opt.state[p]["state1"].dtype for name, p in model.named_parameters() if p.dim() == 2}
     eight = torch.uint8 if "8bit" in optim else torch.float32
     assert state_dtype == {"0.weight": torch.float32, "1.weight": eight}
-    bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple.clear()  # the registry is global
 
 
 # ---------------------------------------------------------------------------------------------

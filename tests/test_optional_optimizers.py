@@ -72,6 +72,9 @@ def test_adamw_bnb_8bit_trains_like_a_plain_loop(out_dir):
     """A Trainer with optim="adamw_bnb_8bit" equals a plain loop over bitsandbytes' AdamW8bit (same
     batches in order, no shuffling), and its states really are 8-bit."""
     bnb = pytest.importorskip("bitsandbytes")
+    # bitsandbytes keeps per-parameter overrides in a process-wide registry keyed by id(): start clean, or
+    # an earlier test's parameter at the same address makes this one 32-bit
+    bnb.optim.GlobalOptimManager.get_instance().initialize()
     args = TrainingArguments(output_dir=out_dir, optim="adamw_bnb_8bit", max_steps=3, per_device_train_batch_size=4,
                              learning_rate=1e-2, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=0.0,
                              disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
