@@ -29,18 +29,18 @@ class Report(TrainerCallback):
 def main():
     out = sys.argv[1]
     kill_at = int(sys.argv[sys.argv.index("--kill-in-save") + 1]) if "--kill-in-save" in sys.argv else None
+    args = make_args(out, save_steps=1, save_total_limit=3, enable_jit_checkpoint="--jit" in sys.argv)
+    trainer = Trainer(DropoutTagger(), args, train_dataset=TokenDataset(22), data_collator=pad_collate,
+                      callbacks=[Report()])
     if kill_at is not None:  # die half-way through writing checkpoint-{kill_at}: after the optimizer, before the state
         real = checkpoint.save_json
 
         def dying_save_json(obj, path):
             real(obj, path)
-            if path.parent.name == f"tmp-checkpoint-{kill_at}":
+            if trainer.state.global_step == kill_at:  # the step, not the staging folder's name
                 os.kill(os.getpid(), signal.SIGKILL)
 
         checkpoint.save_json = dying_save_json
-    args = make_args(out, save_steps=1, save_total_limit=3, enable_jit_checkpoint="--jit" in sys.argv)
-    trainer = Trainer(DropoutTagger(), args, train_dataset=TokenDataset(22), data_collator=pad_collate,
-                      callbacks=[Report()])
     resume = os.path.isdir(out) and get_last_checkpoint(out) is not None
     result = trainer.train(resume_from_checkpoint=True if resume else None)
     if trainer.state.global_step == trainer.state.max_steps:

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
+from dist_exit import finish_at_exit  # noqa: E402
 from tiny import TokenDataset, TokenTagger, pad_collate  # noqa: E402
 
 from cadence import Trainer, TrainingArguments  # noqa: E402
@@ -32,6 +33,7 @@ class PerBatch:
 
 def main(out_file: str, batch: int) -> None:
     torch.set_num_threads(1)
+    finish_at_exit()  # this worker leaves the process group to cadence's own teardown
     args = TrainingArguments(output_dir=out_file + ".d", per_device_eval_batch_size=batch, disable_tqdm=True,
                              use_cpu=True, report_to="none", include_for_metrics=["loss"])
     ds = TokenDataset(19)  # batches of 3: 7 batches, so with 2 processes the last step pads process 1

@@ -10,6 +10,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+from dist_exit import finish, say  # noqa: E402
 from test_resume import DropoutTagger, make_args  # noqa: E402
 from tiny import stop_at  # noqa: E402
 from tiny import TokenDataset, pad_collate  # noqa: E402
@@ -36,10 +37,11 @@ def main(out: str) -> None:
     trainer = Trainer(DropoutTagger(), args, train_dataset=TokenDataset(22), data_collator=pad_collate,
                       callbacks=callbacks)
     trainer.train(resume_from_checkpoint=True if "--resume" in sys.argv else None)
-    print(f"STOPPED {trainer.state.global_step}", flush=True)
+    say(f"STOPPED {trainer.state.global_step}")
     if args.process_index == 0 and trainer.state.global_step == trainer.state.max_steps:
         torch.save(trainer.model.state_dict(), os.path.join(out, "final.pt"))
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    finish()

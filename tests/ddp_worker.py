@@ -5,6 +5,7 @@ import sys
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
+from dist_exit import finish  # noqa: E402
 from tiny import TokenDataset, TokenTagger, TokenTaggerWithItems, pad_collate  # noqa: E402
 
 from cadence import Trainer, TrainingArguments  # noqa: E402
@@ -42,3 +43,4 @@ def main(model_name: str, out_file: str, batch: int, ga: int, data: str = "rando
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])
+    finish()

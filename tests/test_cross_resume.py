@@ -1,6 +1,7 @@
 """Each library resumes the other's checkpoints: stopped in one, finished in the other, the run ends
-bit-identical to transformers' unbroken run (on this CPU setup the two libraries' unbroken runs are
-bit-identical too). Files, names and formats are shared: model.safetensors + config.json,
+where transformers' unbroken run ends, within float32 rounding (see WEIGHT_ATOL). Bit-identity is
+cadence's own promise (cadence resumed vs cadence unbroken: tests/test_resume.py); across two libraries
+it holds on some CPUs and not on others. Files, names and formats are shared: model.safetensors + config.json,
 optimizer.pt (same parameter-group order), scheduler.pt, rng_state.pth (transformers stores numpy's
 state as an array, cadence as a list: each loads the other's), trainer_state.json.
 """
@@ -64,9 +65,19 @@ def hf_full(tmp_path_factory, request):
     return weights, trainer.state.log_history, request.param
 
 
+# The two libraries run the same float32 arithmetic in different orders in places (the loss scaling, the
+# dropout-scaled sums); which CPU kernels run decides whether that rounds differently. Measured: 0 apart on
+# one machine, up to 1.7e-6 on an AMD EPYC (weights of scale ~1 after 12 AdamW steps of lr 3e-3). 1e-5 is
+# 6x that and ~1000x below what a wrong data position gives (1.1e-2; test_a_wrong_data_position_would_be_caught).
+WEIGHT_ATOL = 1e-5
+
+
+def weight_gap(weights, expected):
+    return max((weights[name] - value).abs().max().item() for name, value in expected.items())
+
+
 def assert_same_weights(weights, expected):
-    for name, value in expected.items():
-        assert torch.equal(weights[name], value), name
+    assert weight_gap(weights, expected) <= WEIGHT_ATOL
 
 
 def assert_schedule_continues(trainer, hf_history, stop):
@@ -74,7 +85,7 @@ def assert_schedule_continues(trainer, hf_history, stop):
     theirs = [(h["step"], h["learning_rate"]) for h in hf_history if "learning_rate" in h]
     assert [s for s, _ in ours] == list(range(1, 13))  # the history before the stop came from the checkpoint
     for (s, a), (_, b) in zip(ours[stop:], theirs[stop:]):
-        assert a == b, s
+        assert a == pytest.approx(b, rel=1e-12, abs=0), s  # the same formula; python floats, no kernels
 
 
 @pytest.mark.parametrize("stop", [4, 6])
@@ -108,5 +119,4 @@ def test_a_wrong_data_position_would_be_caught(tmp_path, hf_full):
     args = cadence.TrainingArguments(output_dir=out, save_strategy="no", ignore_data_skip=True, **COMMON)
     trainer = cadence.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=pad_collate)
     trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
-    with pytest.raises(AssertionError):
-        assert_same_weights(trainer.model.state_dict(), hf_full[0])
+    assert weight_gap(trainer.model.state_dict(), hf_full[0]) > 100 * WEIGHT_ATOL

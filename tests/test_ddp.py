@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from dist_exit import assert_finished
 
 HERE = os.path.dirname(__file__)
 
@@ -18,7 +19,7 @@ def launch(nproc, model, out, batch, ga, data="random"):
     if nproc == 1:
         cmd = [sys.executable, os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga), data]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_finished(proc, nproc)
     return torch.load(out, weights_only=True)
 
 
@@ -41,7 +42,7 @@ def launch_eval(nproc, out, batch):
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *script]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_finished(proc, nproc)
     return torch.load(out, weights_only=True)
 
 

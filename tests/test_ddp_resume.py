@@ -3,12 +3,14 @@ stopped and resumed equals the unbroken 2-process run; one process resumes it to
 the two had trained, with a warning that the run is not bit-identical."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
+from dist_exit import assert_finished
 
 HERE = os.path.dirname(__file__)
 
@@ -23,34 +25,37 @@ def launch(nproc, out, *extra):
 
 
 def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """Exit 0 and both workers ended cleanly (dist_exit.assert_finished); returns the step both stopped at."""
+    assert_finished(proc, 2)
+    stops = re.findall(r"STOPPED (\d+)", proc.stdout)
+    assert len(stops) == 2 and stops[0] == stops[1], proc.stdout[-3000:]
+    return int(stops[0])
 
 
 @pytest.mark.slow
 def test_two_process_resume_is_exact_and_one_process_resumes_it_too(tmp_path):
     full, out = str(tmp_path / "full"), str(tmp_path / "run")
-    ok(launch(2, full))
-    ok(launch(2, out, "--stop", "2"))
+    steps = ok(launch(2, full))
+    assert ok(launch(2, out, "--stop", "2")) == 2 < steps
     ckpt = os.path.join(out, "checkpoint-2")
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(ckpt)) and "rng_state.pth" not in os.listdir(ckpt)
     one = str(tmp_path / "one")
     shutil.copytree(out, one)
     alone = launch(1, one, "--resume")
-    ok(alone)
+    assert_finished(alone, 1)
     # 2 steps x 2 accumulated batches x 2 rows x 2 processes = 16 samples of epoch 0 = 8 batches of one process
     assert "written with per-device batch 2 x accumulation 2 x 2 process(es)" in alone.stderr
     assert "the 16 samples of epoch 0 already trained (8 batches of this run)" in alone.stderr
-    ok(launch(2, out, "--resume"))
+    assert ok(launch(2, out, "--resume")) == steps
     expected = torch.load(os.path.join(full, "final.pt"), weights_only=True)
     got = torch.load(os.path.join(out, "final.pt"), weights_only=True)
-    assert all(torch.equal(got[k], v) for k, v in expected.items())
+    assert set(got) == set(expected) and all(torch.equal(got[k], v) for k, v in expected.items())
 
 
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
     out = str(tmp_path / "run")
     proc = launch(2, out, "--sigterm-rank0", "3")
-    ok(proc)
-    assert proc.stdout.count("STOPPED 3") == 2  # both processes saved and stopped at step 3
+    assert ok(proc) == 3  # both processes saved and stopped at step 3
     assert os.listdir(out) == ["checkpoint-3"]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(os.path.join(out, "checkpoint-3")))

@@ -41,3 +41,56 @@ def test_installed_package_trains(out_dir, optim):
     trainer.train()
     assert type(trainer.optimizer).__module__.startswith(co._OPTIONAL_PACKAGES[optim][0])
     assert model.a.item() != 0.0 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class Wide(torch.nn.Module):
+    """y = W x with a 64x64 W (4096 values: bitsandbytes keeps 8-bit states from that size), MSE loss."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(64, 64, bias=False)
+
+    def forward(self, x, labels=None):
+        y = self.lin(x)
+        return (torch.nn.functional.mse_loss(y, labels), y)
+
+
+class WideData(torch.utils.data.Dataset):
+    def __init__(self):
+        g = torch.Generator().manual_seed(1)
+        self.x, self.y = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def test_adamw_bnb_8bit_trains_like_a_plain_loop(out_dir):
+    """A Trainer with optim="adamw_bnb_8bit" equals a plain loop over bitsandbytes' AdamW8bit (same
+    batches in order, no shuffling), and its states really are 8-bit."""
+    bnb = pytest.importorskip("bitsandbytes")
+    # bitsandbytes keeps per-parameter overrides in a process-wide registry keyed by id(): start clean, or
+    # an earlier test's parameter at the same address makes this one 32-bit
+    bnb.optim.GlobalOptimManager.get_instance().initialize()
+    args = TrainingArguments(output_dir=out_dir, optim="adamw_bnb_8bit", max_steps=3, per_device_train_batch_size=4,
+                             learning_rate=1e-2, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=0.0,
+                             disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
+                             train_sampling_strategy="sequential")
+    model, data = Wide(), WideData()
+    trainer = Trainer(model, args, train_dataset=data)
+    trainer.train()
+    assert type(trainer.optimizer).__name__ == "AdamW" and trainer.optimizer.state[model.lin.weight]["state1"].dtype == torch.uint8
+    reference = Wide()
+    opt = bnb.optim.AdamW(reference.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, optim_bits=8)
+    for step in range(3):
+        rows = slice(4 * step, 4 * step + 4)
+        reference(data.x[rows], data.y[rows])[0].backward()
+        opt.step()
+        opt.zero_grad()
+    # the same library, ops and inputs in one process: equal up to the order of float32 sums in the
+    # loss's backward (the Trainer's batch comes through a collator); quantisation makes no tolerance wider
+    assert torch.allclose(model.lin.weight, reference.lin.weight, rtol=0, atol=1e-6)
+    assert not torch.allclose(model.lin.weight, Wide().lin.weight, atol=1e-3)  # it trained

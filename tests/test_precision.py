@@ -61,9 +61,15 @@ def test_bf16_on_cpu_trains_and_tracks_fp32(out_dir):
     apart = torch.cat([(end16[n] - end32[n]).flatten() for n in start]).norm()
     print(f"bf16 vs fp32: weights apart {apart:.4g}, moved {moved:.4g}")
     assert apart < 0.25 * moved
-    # evaluation runs under the same autocast
-    metrics = trainer.evaluate(LMDataset(8, seed=9))
-    assert metrics["eval_loss"] == pytest.approx(bf16_losses[-1], rel=0.1)
+    # evaluation runs under the same autocast: bf16 outputs, and the loss of the same weights evaluated in
+    # float32 within bf16's rounding (BF16_REL_TOL), yet not equal to it (as it would be with autocast off)
+    eval_set, probe = LMDataset(8, seed=9), _OutputDtypes(bf16_model.lm_head)
+    metrics = trainer.evaluate(eval_set)
+    assert set(probe.seen) == {torch.bfloat16}
+    fp32_eval = Trainer(bf16_model, make_args(f"{out_dir}/fp32_eval"), data_collator=lm_collate).evaluate(eval_set)
+    assert set(probe.seen[-1:]) == {torch.float32}
+    assert metrics["eval_loss"] == pytest.approx(fp32_eval["eval_loss"], rel=BF16_REL_TOL)
+    assert metrics["eval_loss"] != fp32_eval["eval_loss"]
 
 
 class _InjectInf(TrainerCallback):

@@ -299,17 +299,33 @@ class Stream(torch.utils.data.IterableDataset):
         return (ds[i] for i in range(len(ds)))
 
 
+class SeenX(RegressionModel):
+    """RegressionModel that records the inputs it trains on."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, input_x, labels=None):
+        self.seen.append(input_x.detach().clone())
+        return super().forward(input_x, labels)
+
+
 def test_iterable_dataset_resume_with_ignore_data_skip_restarts_the_stream(tmp_path):
     def run(out, **kw):
         args = TrainingArguments(output_dir=out, disable_tqdm=True, report_to="none", max_steps=6, save_steps=3,
                                  per_device_train_batch_size=4, **kw)
-        trainer = Trainer(RegressionModel(), args, train_dataset=Stream(), callbacks=[stop_at(3)])
+        trainer = Trainer(SeenX(), args, train_dataset=Stream(), callbacks=[stop_at(3)])
         return trainer, trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-3") if kw else None)
 
     out = str(tmp_path / "run")
-    run(out)
+    first, _ = run(out)
     trainer, result = run(out, ignore_data_skip=True)  # (resuming without it: tests/test_stream_resume.py)
     assert result.global_step == 6
+    stream_x = RegressionDataset(64).x
+    assert torch.equal(torch.cat(first.model.seen), stream_x[:12])  # steps 1-3: the stream's first 12 samples
+    # steps 4-6 after the resume: the stream read again from its first sample, not continued at sample 12
+    assert len(trainer.model.seen) == 3 and torch.equal(torch.cat(trainer.model.seen), stream_x[:12])
 
 
 def test_weights_of_another_model_are_refused(tmp_path):

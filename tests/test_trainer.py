@@ -57,10 +57,11 @@ def test_model_without_loss_is_a_clear_error(out_dir):
 
 
 def test_compute_loss_func_gets_item_count(out_dir):
-    seen = []
+    seen, own = [], []
 
     def loss_func(outputs, labels, num_items_in_batch=None):
         seen.append(num_items_in_batch)
+        own.append(int((labels != -100).sum()))
         logits = outputs["logits"]
         total = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
         return total / num_items_in_batch
@@ -69,9 +70,10 @@ def test_compute_loss_func_gets_item_count(out_dir):
     ds = TokenDataset(8)
     trainer = Trainer(TokenTagger(), args, train_dataset=ds, data_collator=pad_collate, compute_loss_func=loss_func)
     trainer.train()
-    assert len(seen) == 4 and all(int(n) > 0 for n in seen)
-    # the count of a step's micro-batches is the same number for both of them
-    assert int(seen[0]) == int(seen[1])
+    # each micro-batch gets its step's count: the labels != -100 of both of the step's batches
+    assert [int(n) for n in seen] == [own[0] + own[1]] * 2 + [own[2] + own[3]] * 2
+    # one epoch of 8 rows: the two steps together count every label of the set
+    assert sum(own) == sum(int((ds[i]["labels"] != -100).sum()) for i in range(8))
 
 
 def test_label_smoothing_matches_reference(out_dir):
@@ -123,7 +125,12 @@ def test_nonfinite_losses_are_counted_not_hidden(out_dir):
     trainer.train()
     log = [h for h in trainer.state.log_history if "loss" in h][0]
     assert log["nonfinite_losses"] == 2
-    assert math.isfinite(log["loss"])
+    # the NaN is a constant added to the loss: the same run without it logs every step's loss
+    clean = Trainer(RegressionModel(), make_args(out_dir + "_clean", max_steps=4, logging_steps=1),
+                    train_dataset=RegressionDataset(32))
+    clean.train()
+    losses = [h["loss"] for h in clean.state.log_history if "loss" in h]
+    assert log["loss"] == pytest.approx((losses[0] + losses[3]) / 2, rel=1e-12)  # the finite steps' mean
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])

@@ -24,7 +24,9 @@ GPUs; accelerate's own FSDP path only runs on accelerators. See ``_FullyShard``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import logging
 import os
 from datetime import timedelta
@@ -36,6 +38,16 @@ import torch
 from . import checkpoint
 
 logger = logging.getLogger(__name__)
+
+
+def _destroy_process_group() -> None:
+    """End the process group cadence started (at exit): its gloo/NCCL threads stop before the interpreter
+    tears down, instead of "terminate called without an active exception" after the work is done."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # a Trainer lives in reference cycles: collect the unreachable ones now, so their DDP wrappers
+        # release the group here, not at some point of the interpreter's teardown
+        gc.collect()
+        torch.distributed.destroy_process_group()
 
 
 class Backend:
@@ -76,7 +88,10 @@ class Backend:
             )
             init = InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout), backend=args.ddp_backend)
             engine = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=self.deepspeed)} if self.deepspeed else {}
+            started_here = not torch.distributed.is_initialized()
             self.accelerator = Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init], **engine)
+            if started_here:  # ours to end: a group left to the interpreter's teardown can abort the process
+                atexit.register(_destroy_process_group)
             self.device = self.accelerator.device
         else:
             self.device = args.device

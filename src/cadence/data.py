@@ -943,6 +943,21 @@ def count_items(labels: torch.Tensor, shifted: bool) -> torch.Tensor:
     return labels.ne(IGNORE_INDEX).sum()
 
 
+def batch_items(batch: Any, shifted: bool) -> torch.Tensor | None:
+    """Items of one batch, the one rule training and evaluation share: its ``shift_labels`` (already
+    shifted, so every position counts) when it has them, else its ``labels`` (``shifted``: a causal
+    LM, whose label 0 never counts). None when the batch is not a mapping or carries no labels.
+
+    Any ``Mapping`` counts (``BatchEncoding``, ``UserDict``), not only ``dict``.
+    """
+    if not isinstance(batch, Mapping):
+        return None
+    if torch.is_tensor(batch.get("shift_labels")):
+        return count_items(batch["shift_labels"], False)
+    labels = batch.get("labels")
+    return count_items(labels, shifted) if torch.is_tensor(labels) else None
+
+
 def loss_shifts_labels(model: torch.nn.Module) -> bool:
     """True for causal LMs, whose loss compares position i with label i+1 (so label 0 never counts).
 
@@ -998,6 +1013,7 @@ __all__ = [
     "DistributedLengthGroupedSampler",
     "TokenCounter",
     "split_batches",
+    "batch_items",
     "count_items",
     "loss_shifts_labels",
     "check_dataset",

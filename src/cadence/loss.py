@@ -15,27 +15,25 @@ So GA=k with batch b trains exactly like GA=1 with batch k·b, and N processes l
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .data import IGNORE_INDEX, count_items
+from .data import IGNORE_INDEX, batch_items
 
 logger = logging.getLogger(__name__)
 
 
 def window_items(batches: list[Any], shifted: bool) -> torch.Tensor | None:
-    """Items (labels != -100; not position 0 for causal LMs) over the micro-batches of one step.
+    """Items (``data.batch_items``) over the micro-batches of one step.
 
-    Returns None when batches carry no ``labels`` (then micro-batches are weighted equally).
+    Returns None when a batch carries no labels (then micro-batches are weighted equally).
     """
-    counts = []
-    for batch in batches:
-        labels = batch.get("labels") if isinstance(batch, dict) else None
-        if labels is None:
-            return None
-        counts.append(count_items(batch["shift_labels"], False) if "shift_labels" in batch else count_items(labels, shifted))
+    counts = [batch_items(batch, shifted) for batch in batches]
+    if any(count is None for count in counts):
+        return None
     return torch.stack(counts).sum()
 
 
@@ -55,7 +53,7 @@ def micro_batch_weight(
         return 1.0 / window_len
     if loss_is_normalised:
         return 1.0
-    own = count_items(inputs["shift_labels"], False) if "shift_labels" in inputs else count_items(inputs["labels"], shifted)
+    own = batch_items(inputs, shifted)
     return own.double() / items.clamp(min=1).double()
 
 
@@ -75,7 +73,7 @@ class LabelSmoother:
         self.epsilon, self.ignore_index = epsilon, ignore_index
 
     def __call__(self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False, num_items_in_batch=None):
-        logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]
+        logits = model_output["logits"] if isinstance(model_output, Mapping) else model_output[0]
         if shift_labels:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
         if logits.dtype in (torch.float16, torch.bfloat16):

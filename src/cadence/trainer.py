@@ -64,15 +64,22 @@ class _RunningLoss:
     checkpoint keeps (``loop_state.json``), so a resumed run logs exactly what an unbroken one logs.
 
     Each micro-batch's loss is only appended to a list (no device work on the hot path); the list
-    is folded into the sums, with non-finite values counted and left out, when a log reads it.
+    is folded into the sums when a log reads it. With ``filter_nonfinite``, a step whose loss is
+    non-finite on any process is counted and left out: the logged loss is the mean over the
+    interval's finite steps, ``train_loss`` the mean over the run's finite steps.
     """
 
-    FOLD_EVERY = 1024  # bounds the list when nothing is logged for a long time
+    FOLD_EVERY = 1024  # steps: bounds the list when nothing is logged for a long time
 
-    def __init__(self, device: torch.device, filter_nonfinite: bool, tokens: data.TokenCounter | None = None):
+    def __init__(self, backend: Backend, filter_nonfinite: bool, tokens: data.TokenCounter | None = None):
+        device = backend.device
+        self.backend = backend
         self.sum = torch.zeros((), device=device, dtype=torch.float64)  # float32 would round long sums
+        # non-finite steps of this log interval, the same count on every process
         self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
+        self.nonfinite_total = 0  # non-finite steps of the logged intervals, for train_loss
         self.pending: list[torch.Tensor] = []
+        self.pending_steps: list[int] = []  # micro-batches of each pending step
         self.total = 0.0  # sum of the logged intervals, for train_loss
         self.last_logged_step = 0
         self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
@@ -92,33 +99,48 @@ class _RunningLoss:
     def state_dict(self, backend: Backend) -> dict[str, Any]:
         """Plain numbers (a float64 goes through JSON exactly); sums over processes (a collective)."""
         self.fold()
-        nonfinite = 0 if self.nonfinite is None else int(backend.reduce_sum(self.nonfinite.clone()).item())
+        nonfinite = 0 if self.nonfinite is None else int(self.nonfinite.item())
         return {"loss_sum": backend.reduce_mean(self.sum.clone()).item(), "nonfinite": nonfinite, "total": self.total,
+                "nonfinite_total": self.nonfinite_total,
                 "last_logged_step": self.last_logged_step, "first_step": self.first_step, "epoch": self.epoch,
                 "batches_in_epoch": self.batches_in_epoch, "batches_per_epoch": self.batches_per_epoch, **self.layout}
 
     def load_state_dict(self, state: dict[str, Any], is_main: bool) -> None:
         self.sum.fill_(state["loss_sum"])  # every process: the logged value is their mean
-        if self.nonfinite is not None and is_main:  # one process: the logged count is their sum
+        if self.nonfinite is not None:  # a count of steps, the same on every process
             self.nonfinite.fill_(state["nonfinite"])
         self.total, self.last_logged_step, self.first_step = state["total"], state["last_logged_step"], state["first_step"]
+        self.nonfinite_total = state.get("nonfinite_total", 0)
 
-    def add(self, step_loss: torch.Tensor) -> None:
-        self.pending.append(step_loss)
-        if len(self.pending) >= self.FOLD_EVERY:
+    def add(self, micro_batch_losses: list[torch.Tensor]) -> None:
+        """One optimizer step's micro-batch losses (their sum is the step's loss on this process)."""
+        self.pending.extend(micro_batch_losses)
+        self.pending_steps.append(len(micro_batch_losses))
+        if len(self.pending_steps) >= self.FOLD_EVERY:  # a step count: every process folds at the same step
             self.fold()
 
     def fold(self) -> None:
-        """Move the pending losses into the sums; never let one NaN hide the others, but count it."""
+        """Move the pending losses into the sums; never let one NaN hide the others, but count its step."""
         if not self.pending:
             return
         losses = torch.stack(self.pending).double()  # summed in float64, like the running sum
+        sizes = torch.tensor(self.pending_steps, device=losses.device)
         self.pending.clear()
+        self.pending_steps.clear()
         if self.nonfinite is not None:
-            bad = ~torch.isfinite(losses)
+            step_of = torch.arange(len(sizes), device=losses.device).repeat_interleave(sizes)
+            steps = losses.new_zeros(len(sizes)).index_add_(0, step_of, losses)
+            # a step is left out on every process when it is non-finite on any (a collective, no host sync)
+            bad = self.backend.reduce_sum((~torch.isfinite(steps)).long()) > 0
             self.nonfinite += bad.sum()
-            losses = losses.masked_fill(bad, 0.0)
+            losses = steps.masked_fill(bad, 0.0)
         self.sum += losses.sum()
+
+    @staticmethod
+    def mean(loss_sum: float, steps: int, nonfinite: int) -> float:
+        """``loss_sum`` over the finite ones of ``steps``; NaN when none was finite."""
+        finite = steps - nonfinite
+        return loss_sum / finite if finite > 0 else float("nan")
 
 
 class Trainer:
@@ -400,6 +422,7 @@ class Trainer:
                 num_training_steps=num_training_steps,
                 scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
             )
+            self._created_lr_scheduler = True  # so the next train() builds a fresh one (as transformers)
         return self.lr_scheduler
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
@@ -519,6 +542,8 @@ class Trainer:
         checks.check_trainable(self.model)
         train_dataloader = self.get_train_dataloader()
         max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader)
+        if getattr(self, "_created_lr_scheduler", False):  # a finished schedule would train at its last rate (often 0)
+            self.lr_scheduler, self._created_lr_scheduler = None, False
         self.create_optimizer_and_scheduler(max_steps)
         model = self.model_wrapped = self.backend.prepare_model(self.model, self.optimizer)
         ga, world = args.gradient_accumulation_steps, self.backend.world_size
@@ -540,7 +565,7 @@ class Trainer:
             hyperparameter_search.record_trial(self, trial)
         tokens = data.TokenCounter(args.include_num_input_tokens_seen, getattr(self.model, "main_input_name", "input_ids"),
                                    getattr(self.processing_class, "pad_token_id", None))
-        running = _RunningLoss(self.backend.device, args.logging_nan_inf_filter, tokens)
+        running = _RunningLoss(self.backend, args.logging_nan_inf_filter, tokens)
         running.batches_per_epoch = batches_per_epoch
         running.layout = {"train_batch_size": args.train_batch_size, "gradient_accumulation_steps": ga,
                           "world_size": world, **checkpoint.data_identity(self.train_dataset)}
@@ -638,8 +663,7 @@ class Trainer:
                 break
             except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
                 split, items = self._shrink_train_batch(error, model, window, split, items)
-        for loss in step_losses:
-            running.add(loss)
+        running.add(step_losses)
         return split, items
 
     def _optimizer_step(self, model: nn.Module, running: _RunningLoss, grad_norm):
@@ -750,8 +774,14 @@ class Trainer:
     def _finish_training(self, running: _RunningLoss, start_time: float) -> TrainOutput:
         running.fold()
         running.total += self.backend.reduce_mean(running.sum).item()
+        if running.nonfinite is not None:  # the steps since the last log
+            running.nonfinite_total += int(running.nonfinite.item())
+            running.nonfinite.zero_()
         self._store_counts(running)
-        train_loss = running.total / max(self.state.global_step - running.first_step, 1)
+        steps, bad = max(self.state.global_step - running.first_step, 1), running.nonfinite_total
+        train_loss = running.mean(running.total, steps, bad)  # over the finite steps
+        if bad == steps:
+            logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
         steps = self.state.global_step - running.resumed_step  # speed counts this call's steps only
         num_samples = steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
         tokens = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
@@ -766,6 +796,8 @@ class Trainer:
         skipped = running.skipped_total + running.skipped
         if skipped:
             metrics["train_skipped_optimizer_steps"] = skipped
+        if bad:
+            metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
         jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, checkpoint.JITCheckpointCallback)), None)
         self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
         if self.state.interrupted:
@@ -927,14 +959,15 @@ class Trainer:
             running.fold()
             interval_loss = self.backend.reduce_mean(running.sum).item()  # the one host sync of a log
             steps = self.state.global_step - running.last_logged_step
-            logs: dict[str, float] = {"loss": interval_loss / steps}
-            if running.nonfinite is not None:
-                bad = int(self.backend.reduce_sum(running.nonfinite).item())
-                if bad:
-                    logs["nonfinite_losses"] = bad
-                    logger.warning("%d non-finite loss(es) in steps %d-%d were left out of the logged loss",
-                                   bad, running.last_logged_step + 1, self.state.global_step)
+            bad = 0 if running.nonfinite is None else int(running.nonfinite.item())
+            logs: dict[str, float] = {"loss": running.mean(interval_loss, steps, bad)}
+            if bad:
+                logs["nonfinite_losses"] = bad
+                logger.warning("%d of %d steps (%d-%d) had a non-finite loss: left out of the logged loss (the mean "
+                               "of the others%s)", bad, steps, running.last_logged_step + 1, self.state.global_step,
+                               "; none was finite, so it is NaN" if bad == steps else "")
                 running.nonfinite.zero_()
+                running.nonfinite_total += bad
             if running.skipped:
                 logs["skipped_optimizer_steps"] = running.skipped
                 logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
@@ -1258,11 +1291,9 @@ class Trainer:
         return step
 
     def _eval_items(self, inputs: Any, rows: int) -> torch.Tensor | int:
-        """Items behind one batch's mean loss: counted labels, else its rows."""
-        labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
-        if labels is not None and labels.dim() > 1:
-            return data.count_items(labels, self._shifts_labels)
-        return rows
+        """Items behind one batch's mean loss: counted as in training (``data.batch_items``), else its rows."""
+        items = data.batch_items(inputs, self._shifts_labels)
+        return rows if items is None else items
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
@@ -1284,9 +1315,7 @@ class Trainer:
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad(), self.compute_loss_context_manager():
             if has_labels:
-                items = None  # the batch's own item count, as in training (a compute_loss_func divides by it)
-                if isinstance(inputs.get("labels"), torch.Tensor):
-                    items = data.count_items(inputs["labels"], self._shifts_labels)
+                items = data.batch_items(inputs, self._shifts_labels)  # as in training (a compute_loss_func divides by it)
                 count = {"num_items_in_batch": items} if self._compute_loss_takes_items else {}
                 loss, outputs = self.compute_loss(model, inputs, return_outputs=True, **count)
                 loss = loss.detach().mean()

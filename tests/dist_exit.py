@@ -1,0 +1,53 @@
+"""The ending every multi-process test worker shares (end the process group, then say so), and the
+tests' check of it."""
+
+import atexit
+import faulthandler
+import gc
+import os
+import re
+import sys
+
+import torch
+
+faulthandler.enable()  # a worker that aborts (SIGABRT) prints every thread's Python stack: where it was
+
+
+def say(line: str) -> None:
+    """Print a line in one write: workers share the launcher's stdout, unbuffered (torchrun runs ``python -u``),
+    and print()'s separate write of the newline lets two workers' lines run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def finish() -> None:
+    """End the process group before exit (cadence does too, at exit) and print ``FINISHED rank R``, which
+    the tests count: a worker that aborts in its teardown never prints it."""
+    rank = 0
+    if torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+        gc.collect()  # the finished Trainer (reference cycles) and its DDP wrapper let go of the group first
+        torch.distributed.destroy_process_group()
+    say(f"FINISHED rank {rank}")
+
+
+def finish_at_exit() -> None:
+    """Leave ending the process group to cadence, and check at exit that it did: this hook is registered
+    before the Trainer registers its own, and atexit runs the last registered first."""
+
+    def check() -> None:
+        if torch.distributed.is_initialized():
+            say("PROCESS GROUP LEFT OPEN")
+        else:
+            say(f"FINISHED rank {os.environ.get('RANK', '0')}")
+
+    atexit.register(check)
+
+
+def assert_finished(proc, nproc):
+    """Every worker ended its process group and got to its last line, and the launcher exited 0 (a worker
+    aborting in its teardown after writing its results is a failure too, not a pass on the results alone)."""
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert sorted(re.findall(r"FINISHED rank \d+", proc.stdout)) == [f"FINISHED rank {r}" for r in range(nproc)], (
+        proc.stdout[-3000:])
+    assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
