@@ -26,7 +26,8 @@ def main(out: str, options: str) -> None:
             "broadcast_buffers": getattr(ddp, "broadcast_buffers", None),
             "bucket_bytes_cap": getattr(ddp, "bucket_bytes_cap", None), "backend": dist.get_backend(),
             "world_size": dist.get_world_size(), "rank": dist.get_rank(), "step": trainer.state.global_step}
-    print("SEEN " + json.dumps(seen), flush=True)
+    sys.stdout.write("SEEN " + json.dumps(seen) + "\n")  # one write per line: two workers' lines never run together
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

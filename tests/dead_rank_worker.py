@@ -32,7 +32,8 @@ def main(out: str, die: int, timeout: int, mode: str) -> None:
                              optim="sgd", save_strategy="no", disable_tqdm=True, use_cpu=True, report_to="none",
                              ddp_timeout=timeout)
     Trainer(TokenTagger(), args, train_dataset=TokenDataset(80), data_collator=pad_collate, callbacks=[Die(die, mode)]).train()
-    print("FINISHED", flush=True)
+    sys.stdout.write("FINISHED\n")  # one write per line: two workers' lines never run together
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def main() -> None:
     if opts.early_stop:
         trainer.add_callback(EarlyStoppingCallback(early_stopping_patience=1))
     trainer.train(resume_from_checkpoint=opts.resume)
-    print(f"STOPPED {args.process_index} {trainer.state.global_step}", flush=True)
+    sys.stdout.write(f"STOPPED {args.process_index} {trainer.state.global_step}" + "\n")  # one write per line: two workers' lines never run together
+    sys.stdout.flush()
     trainer.save_model(os.path.join(opts.out, "final"))
     if args.process_index == 0:
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

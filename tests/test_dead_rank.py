@@ -47,6 +47,7 @@ def test_survivor_stops_with_named_error(mode, tmp_path):
     assert "ddp_timeout=20s" in err
     if mode == "die":  # the transport notices the closed connection at once
         assert procs[1].returncode == 17
-        assert "Connection closed by peer" in err
+        # gloo words a dead peer as "closed" or "reset" depending on where its read was when the socket went
+        assert "Connection closed by peer" in err or "Connection reset by peer" in err
     # within ddp_timeout (plus start-up on this loaded machine): never an open-ended hang
     assert elapsed < 120

@@ -291,6 +291,8 @@ def test_demo_resumes_from_its_newest_checkpoint(tmp_path, capsys, caplog):
     assert state["global_step"] == 3
     assert "cadence demo: 3 steps" in capsys.readouterr().out
     assert "resuming at step 2: epoch 0, 4 batches into it" in caplog.text  # 2 steps of 2 accumulated batches
+    assert main(["demo", "--output-dir", out, "--max-steps", "1"]) == 0  # a second fresh demo replaces the first
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-1"]
 
 
 class Stream(torch.utils.data.IterableDataset):

@@ -82,7 +82,8 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_siz
     """Train TinyGPT on the embedded text; print a summary; return the train metrics.
 
     With ``resume``, continue from the newest checkpoint in ``output_dir`` (written every 100 steps
-    and at the end), exactly where it stopped.
+    and at the end), exactly where it stopped; without it, start again (the previous demo's
+    checkpoints in ``output_dir`` are replaced, so ``make demo`` can be run twice).
     """
     from .trainer import Trainer
     from .training_args import TrainingArguments
@@ -107,6 +108,7 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_siz
         eval_steps=100,
         save_steps=100,
         save_total_limit=2,
+        overwrite_output_dir=not resume,  # the demo's own folder: a fresh demo replaces the last one's checkpoints
         seed=seed,
         use_cpu=not torch.cuda.is_available(),
     )
