@@ -312,6 +312,36 @@ def test_mlflow_search_trial_is_a_nested_run(out_dir, mlflow_store):
     assert child.info.run_name == "trial-0" and child.data.params["learning_rate"] == "0.1"
 
 
+@needs("mlflow")
+@needs("optuna")
+@pytest.mark.slow
+def test_mlflow_runs_of_a_real_search_are_nested_under_the_search_run(out_dir, mlflow_store):
+    """Trainer.hyperparameter_search with report_to="mlflow": each trial is its own finished child run of the
+    run around the search, named after its folder, holding its own sampled learning rate and its own losses."""
+    import mlflow
+
+    rates = [0.01, 0.1]
+    args = TrainingArguments(output_dir=out_dir, report_to="mlflow", logging_steps=1, max_steps=4,
+                             per_device_train_batch_size=8, disable_tqdm=True, use_cpu=True, eval_strategy="steps",
+                             eval_steps=4, save_strategy="no")
+    trainer = Trainer(args=args, model_init=lambda trial=None: RegressionModel(), train_dataset=RegressionDataset(),
+                      eval_dataset=RegressionDataset(16, seed=1))
+    mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    with mlflow.start_run(run_name="search") as parent:
+        best = trainer.hyperparameter_search(
+            hp_space=lambda trial: {"learning_rate": trial.suggest_float("learning_rate", *[rates[trial.number]] * 2)},
+            n_trials=2, backend="optuna")
+    experiment = mlflow_store.get_experiment_by_name(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    children = [r for r in mlflow_store.search_runs([experiment.experiment_id])
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.info.run_name for r in children) == ["run-0", "run-1"]
+    assert all(r.info.status == "FINISHED" for r in children)
+    by_name = {r.info.run_name: r for r in children}
+    assert [float(by_name[f"run-{i}"].data.params["learning_rate"]) for i in (0, 1)] == rates
+    final = {name: run.data.metrics["eval_loss"] for name, run in by_name.items()}
+    assert best.objective == pytest.approx(min(final.values()), rel=1e-6)  # mlflow stores the trials' eval losses
+
+
 # ----------------------------------------------------------------------------------------- wandb
 
 

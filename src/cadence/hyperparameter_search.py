@@ -144,7 +144,9 @@ class _Start:
 
     def __init__(self, trainer):
         self.args, self.backend, self.label_smoother = trainer.args, trainer.backend, trainer.label_smoother
-        self.callback_states = [copy.deepcopy(vars(cb)) for cb in self._stateful(trainer)]
+        # what each stateful callback declares as its state (ExportableState), not all its attributes: a tracker
+        # also holds its library's module and open handles, which are neither copyable nor per-trial
+        self.callback_states = [copy.deepcopy(cb.state().get("attributes", {})) for cb in self._stateful(trainer)]
 
     @staticmethod
     def _stateful(trainer) -> list:
@@ -163,7 +165,8 @@ class _Start:
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         trainer.control = TrainerControl()
         for cb, state in zip(self._stateful(trainer), self.callback_states):  # e.g. an early-stopping counter
-            vars(cb).update(copy.deepcopy(state))
+            for name, value in copy.deepcopy(state).items():
+                setattr(cb, name, value)
         trainer._validate_setup()
 
     def restore(self, trainer) -> None:
