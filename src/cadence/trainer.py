@@ -278,13 +278,25 @@ class Trainer:
 
     @staticmethod
     def _accepts_loss_kwargs(model: nn.Module) -> bool:
-        """HF's rule: ``model.accepts_loss_kwargs`` if set, else whether ``forward`` takes ``**kwargs``
-        (or names ``num_items_in_batch``)."""
+        """Whether the model divides its loss by ``num_items_in_batch`` itself: ``model.accepts_loss_kwargs``
+        if set; else a ``num_items_in_batch`` parameter; else a ``**kwargs`` forward whose code hands them to
+        a loss (``self.loss_function``, or names ``num_items_in_batch``). transformers takes any ``**kwargs``
+        as a yes, so BERT's classification heads (which take ``**kwargs`` but average their own loss) count
+        a GA-k step k times there; cadence weights such a model's mean by its share of the step's items."""
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: its base
         flag = getattr(model, "accepts_loss_kwargs", None)
         if flag is not None:
             return bool(flag)
         params = inspect.signature(model.forward).parameters
-        return "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+        if "num_items_in_batch" in params:
+            return True
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return False
+        try:
+            source = inspect.getsource(type(model).forward)
+        except (OSError, TypeError):  # no source to read (compiled, built in the REPL): transformers' rule
+            return True
+        return "loss_function" in source or "num_items_in_batch" in source
 
     @staticmethod
     def _default_label_names(model: nn.Module) -> list[str]:
