@@ -373,19 +373,23 @@ def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: s
     """
     if not limit:
         return []
-    keep = {Path(just_written).resolve()}
-    if best:
-        keep.add(Path(best).resolve())
-    checkpoints = sorted_checkpoints(output_dir)
-    # the best counts toward the limit; with limit=1 and a best that is not the newest, both stay
+    return delete_oldest(sorted_checkpoints(output_dir), limit, {just_written, best})
+
+
+def delete_oldest(ordered: list[Path], limit: int, keep: set) -> list[Path]:
+    """Delete from the front of ``ordered`` (oldest first) until ``limit`` are left, never one in ``keep``;
+    the kept ones count toward the limit (with ``limit=1`` and a best that is not the newest, both stay).
+
+    Returns the deleted folders.
+    """
+    keep = {Path(k).resolve() for k in keep if k is not None}
     budget = max(limit, len(keep))
-    deletable = [c for c in checkpoints if c.resolve() not in keep]
-    excess = len(checkpoints) - budget
-    deleted = deletable[: max(excess, 0)]
+    deletable = [c for c in ordered if Path(c).resolve() not in keep]
+    deleted = deletable[: max(len(ordered) - budget, 0)]
     for path in deleted:
         logger.info("deleting older checkpoint %s (save_total_limit=%d)", path, limit)
         # renamed first (atomic), then deleted: a kill mid-delete leaves a deleting-checkpoint-N, never a partial checkpoint-N
-        doomed = path.with_name(DELETING_PREFIX + path.name)
+        doomed = Path(path).with_name(DELETING_PREFIX + Path(path).name)
         os.replace(path, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
     return deleted

@@ -15,7 +15,6 @@ import logging
 import os
 import random
 import re
-import shutil
 import time
 from collections.abc import Callable
 from enum import Enum
@@ -242,14 +241,10 @@ def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | No
     """
     if save_total_limit is None or save_total_limit <= 0:
         return
+    from .checkpoint import delete_oldest  # the Trainer's own rule and deletion (read here: no import cycle)
+
     ordered = sort_checkpoints(output_dir, checkpoint_prefix, use_mtime)
-    keep = {ordered[-1]} if ordered else set()
-    if best_model_checkpoint is not None:
-        keep.add(str(Path(best_model_checkpoint)))
-    excess = len(ordered) - max(save_total_limit, len(keep))
-    for path in [p for p in ordered if p not in keep][: max(excess, 0)]:
-        logger.info(f"Deleting older checkpoint [{path}] due to args.save_total_limit")
-        shutil.rmtree(path, ignore_errors=True)
+    delete_oldest([Path(p) for p in ordered], save_total_limit, {ordered[-1] if ordered else None, best_model_checkpoint})
 
 
 def check_target_module_exists(optim_target_modules: str | list[str], key: str, return_is_regex: bool = False):
