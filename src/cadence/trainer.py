@@ -219,6 +219,7 @@ class Trainer:
         self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
         self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
         self._claimed_output_dir: str | None = None  # the output_dir an earlier train() of this Trainer wrote
+        self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
 
         report_to = integrations.get_reporting_integration_callbacks(args.report_to)  # missing package: ValueError here
         default_callbacks = [DefaultFlowCallback, *report_to, *(callbacks or [])]
@@ -554,7 +555,7 @@ class Trainer:
         checks.check_trainable(self.model)
         train_dataloader = self.get_train_dataloader()
         max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader)
-        if getattr(self, "_created_lr_scheduler", False):  # a finished schedule would train at its last rate (often 0)
+        if self._created_lr_scheduler:  # a finished schedule would train at its last rate (often 0)
             self.lr_scheduler, self._created_lr_scheduler = None, False
         self.create_optimizer_and_scheduler(max_steps)
         model = self.model_wrapped = self.backend.prepare_model(self.model, self.optimizer)
@@ -752,7 +753,7 @@ class Trainer:
         if args.restore_callback_states_from_checkpoint:
             self.control = checkpoint.restore_callback_states(self.callback_handler, self.control, saved.stateful_callbacks)
         resume = checkpoint.resume_point(folder, saved.global_step, running.batches_per_epoch, args, saved_args,
-                                         saved_batch_size, checkpoint.data_identity(self.train_dataset))
+                                         saved_batch_size, running.layout)  # the layout holds this data's identity
         if resume.loop is not None:
             running.load_state_dict(resume.loop, self.backend.is_main_process)
         else:  # a transformers checkpoint: the loss since its last log is unknown; average this run's steps (HF's rule)
@@ -795,7 +796,7 @@ class Trainer:
         if bad == steps:
             logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
         steps = self.state.global_step - running.resumed_step  # speed counts this call's steps only
-        num_samples = steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+        num_samples = steps * self.get_total_train_batch_size(self.args)
         tokens = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
         metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps,
                                 num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
@@ -1509,7 +1510,7 @@ class Trainer:
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
         """The forward's mixed-precision context (the same as ``compute_loss_context_manager``)."""
-        return self.backend.autocast()
+        return self.compute_loss_context_manager()
 
     def end(self) -> None:
         """Destroy the process group at the very end of a script (after the last train/evaluate/save)."""
