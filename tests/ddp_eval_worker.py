@@ -36,7 +36,10 @@ def main(out_file: str, batch: int) -> None:
     finish_at_exit()  # this worker leaves the process group to cadence's own teardown
     args = TrainingArguments(output_dir=out_file + ".d", per_device_eval_batch_size=batch, disable_tqdm=True,
                              use_cpu=True, report_to="none", include_for_metrics=["loss"])
-    ds = TokenDataset(19)  # batches of 3: 7 batches, so with 2 processes the last step pads process 1
+    # the process group starts here, as in run_clm-style scripts (around datasets.map), before any Trainer:
+    # cadence ends it at exit either way (the CI once aborted in teardown when only the Trainer's start did)
+    with args.main_process_first(desc="dataset"):
+        ds = TokenDataset(19)  # batches of 3: 7 batches, so with 2 processes the last step pads process 1
     trainer = Trainer(TokenTagger(dtype=torch.float64), args, data_collator=pad_collate, compute_metrics=token_accuracy)
     metrics = trainer.evaluate(ds)
     out = trainer.predict(ds)

@@ -50,6 +50,18 @@ def _destroy_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
+def _end_at_exit_if_started(start: Callable[[], Any]) -> Any:
+    """Run ``start`` (which may create the process group); a group it created is ours to end at exit: one left to
+    the interpreter's teardown can abort the process. Whichever of ``main_process_first`` and ``Backend`` comes
+    first creates the group, so both come through here."""
+    started_here = not torch.distributed.is_initialized()
+    result = start()
+    if started_here and torch.distributed.is_initialized():
+        atexit.unregister(_destroy_process_group)  # once, however many times a group is started
+        atexit.register(_destroy_process_group)
+    return result
+
+
 class Backend:
     """Runs the model on one process, or on several through accelerate.
 
@@ -88,10 +100,8 @@ class Backend:
             )
             init = InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout), backend=args.ddp_backend)
             engine = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=self.deepspeed)} if self.deepspeed else {}
-            started_here = not torch.distributed.is_initialized()
-            self.accelerator = Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init], **engine)
-            if started_here:  # ours to end: a group left to the interpreter's teardown can abort the process
-                atexit.register(_destroy_process_group)
+            self.accelerator = _end_at_exit_if_started(
+                lambda: Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init], **engine))
             self.device = self.accelerator.device
         else:
             self.device = args.device
@@ -353,7 +363,8 @@ def main_process_first(args: Any, local: bool = True):
     """
     from accelerate import PartialState
 
-    state = PartialState(cpu=args.use_cpu, backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout))
+    state = _end_at_exit_if_started(
+        lambda: PartialState(cpu=args.use_cpu, backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout)))
     return state.local_main_process_first() if local else state.main_process_first()
 
 
