@@ -167,6 +167,21 @@ def test_tensorboard_default_folder_is_kept_across_a_resume(out_dir, restore):
 
 
 @needs("tensorboard")
+def test_tensorboard_file_holds_every_log_up_to_each_checkpoint(out_dir):
+    """Logs are encoded in batches (at most every FLUSH_SECS), but a checkpoint's logs are in the file when it is
+    saved: a reader (here at on_save, after the tracker's) sees every step up to the checkpoint's."""
+    seen = {}
+
+    class ReadAtSave(TrainerCallback):  # user callbacks run after the report_to trackers
+        def on_save(self, args, state, control, **kwargs):
+            (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))
+            seen[state.global_step] = read_scalars(folder)[2]["train/loss"]
+
+    make_trainer(out_dir, "tensorboard", callbacks=[ReadAtSave()]).train()
+    assert seen == {SAVE: list(range(1, SAVE + 1)), STEPS: list(range(1, STEPS + 1))}
+
+
+@needs("tensorboard")
 def test_tensorboard_checksum_and_a_users_writer(out_dir, tmp_path):
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
     from torch.utils.tensorboard import SummaryWriter
@@ -188,8 +203,11 @@ def test_tensorboard_checksum_and_a_users_writer(out_dir, tmp_path):
 def test_failing_tracker_is_switched_off_and_training_finishes(out_dir, caplog):
     class CloseTheFile(TrainerCallback):  # the disk goes away under the jsonl tracker before the log of step 3
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 3:
-                next(cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ == "JsonlCallback")._file.close()
+            if state.global_step == 3:  # its file descriptor now refuses writes (EBADF), as a lost disk would
+                jsonl = next(cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ == "JsonlCallback")
+                read_only = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(read_only, jsonl._file)
+                os.close(read_only)
 
     trainer = make_trainer(out_dir, "jsonl", callbacks=[CloseTheFile()])
     with caplog.at_level(logging.ERROR, logger="cadence"):

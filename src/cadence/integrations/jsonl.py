@@ -32,15 +32,16 @@ class JsonlCallback(TrackerCallback):
     def start(self, args, state, model, resumed):
         os.makedirs(args.output_dir, exist_ok=True)
         self.run_id = os.path.join(args.output_dir, LOG_HISTORY_NAME)
-        self._file = open(self.run_id, "a", encoding="utf-8")  # noqa: SIM115 - open for the run, closed in finish
+        # unbuffered, appending: each row is one write() call, on disk (in the OS) as soon as it is logged,
+        # whole: a reader never sees a row without its end (nor a row split by another writer's)
+        self._file = os.open(self.run_id, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, logs, step):
-        self._file.write(json.dumps({**logs, "step": step}) + "\n")
-        self._file.flush()
+        os.write(self._file, (json.dumps({**logs, "step": step}) + "\n").encode())
 
     def finish(self, failed):
         if self._file is not None:
-            self._file.close()
+            os.close(self._file)
             self._file = None
 
 

@@ -9,6 +9,11 @@ The events are written here, in the training thread, one record per log (``_Even
 ``SummaryWriter`` writes one record per scalar from a background thread that checksums each record
 with tensorboard's pure-Python CRC-32C; that thread holds the GIL about 0.2 ms per record and stalls
 a fast training loop. With ``google-crc32c`` installed (the ``tensorboard`` extra) the checksum is C.
+
+A log is kept as it is and encoded with the others of the last ``FLUSH_SECS``, just before they are
+flushed together (and at every checkpoint and at the end): the file is as current as when each log was
+written at once, and the training loop pays a list append per log instead of a burst of protobuf and
+checksum work that evicts its caches every step (``benchmarks/bench_tracking.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 from .base import TrackerCallback, rewrite_logs
 
-FLUSH_SECS = 5  # the file is flushed at most this often (and when closed): a run in progress stays current
+FLUSH_SECS = 5  # the logs are written and flushed at most this often (and at saves, at the end): a run in progress stays current
 
 
 def default_logdir() -> str:
@@ -61,7 +66,6 @@ class _EventFile:
         os.makedirs(folder, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(self._numbers)}"
         self._file = open(os.path.join(folder, name), "ab")  # noqa: SIM115 - open for the run, closed in close()
-        self._next_flush = 0.0
         self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         if purge_step is not None:  # readers drop the events at and after this step that came before this mark
             self._write(Event(wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)))
@@ -73,10 +77,9 @@ class _EventFile:
         data = event.SerializeToString()
         header = struct.pack("<Q", len(data))
         self._file.write(header + struct.pack("<I", self._crc(header)) + data + struct.pack("<I", self._crc(data)))
-        now = time.monotonic()
-        if now >= self._next_flush:
-            self._file.flush()
-            self._next_flush = now + FLUSH_SECS
+
+    def flush(self) -> None:
+        self._file.flush()
 
     def close(self) -> None:
         self._file.close()
@@ -99,6 +102,8 @@ class TensorBoardCallback(TrackerCallback):
         self._summary = Summary
         self.tb_writer = tb_writer
         self._events = None  # what add_summary() goes to
+        self._pending: list[tuple[dict, int]] = []  # (logs, step) not yet written
+        self._next_write = 0.0  # time.monotonic() from which the pending logs are written
 
     def start(self, args, state, model, resumed):
         if self.tb_writer is not None:  # the user's writer
@@ -124,6 +129,22 @@ class TensorBoardCallback(TrackerCallback):
         self._events.add_summary(text_summary(tag, text), step)
 
     def write(self, logs, step):
+        self._pending.append((dict(logs), step))  # a copy: the caller's dict may change after the event
+        now = time.monotonic()
+        if now >= self._next_write:
+            self._write_pending()
+            self._next_write = now + FLUSH_SECS
+
+    def saved(self, args, state):
+        self._write_pending()  # a checkpoint's logs are on disk with it
+
+    def _write_pending(self) -> None:
+        for logs, step in self._pending:
+            self._encode(logs, step)
+        self._pending.clear()
+        self._events.flush()
+
+    def _encode(self, logs: dict, step: int) -> None:
         logs = rewrite_logs(logs)
         # one event holding every number of the log: one record per log, not one per metric
         values = [self._summary.Value(tag=k, simple_value=v) for k, v in logs.items() if isinstance(v, (int, float))]
@@ -134,6 +155,10 @@ class TensorBoardCallback(TrackerCallback):
 
     def finish(self, failed):
         if self._events is not None:
-            self._events.close()
-            self._events = None
+            try:
+                self._write_pending()  # also when training failed: its logs so far are the record
+            finally:  # closed even when the pending logs are what fails
+                self._pending.clear()
+                self._events.close()
+                self._events = None
         self.tb_writer = None  # as transformers: the writer is closed with the run
