@@ -3,8 +3,12 @@
 The loop asks verbs (``prepare_model``, ``no_sync``, ``autocast``, ``backward``, ``clip_grad_norm``,
 ``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``, and for checkpoints
 ``model_state_dict``, ``optimizer_state_dict``, ``load_model_weights``, ``load_optimizer_state``) and never
-asks which engine is underneath. A single process
-gets no wrapper at all: no DDP module, no optimizer wrapper, no accelerate dataloader; the model
+asks which engine is underneath; ``pin_memory``, ``empty_cache`` and ``free_memory`` answer for its device. Code
+with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks this module's functions instead:
+``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``, ``peak_flops``,
+``process_group_size_and_rank``, ``any_process``. No other module calls torch.cuda or torch.distributed.
+
+A single process gets no wrapper at all: no DDP module, no optimizer wrapper, no accelerate dataloader; the model
 is only moved to the device. Several processes (``torchrun``/``accelerate launch``) go through
 accelerate's ``Accelerator``, with its gradient accumulation left at 1: cadence normalises the loss
 of a step itself, once, over the items of all processes (see ``loss.py``).
@@ -383,8 +387,53 @@ _EMPTY_CACHE = {
     "xpu": lambda: torch.xpu.empty_cache(),
 }
 
+_COMPILED = "_cadence_compiled"  # set on a module compiled in place, so it is compiled once
 
-# ---------------------------------------------------------------- device verbs for code that has no Backend at hand
+_HALF_DTYPES: dict[str | None, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}
+
+
+def _amp_dtype(args: Any, device: torch.device) -> torch.dtype | None:
+    name = "fp16" if args.fp16 else "bf16" if args.bf16 else None
+    dtype = _HALF_DTYPES[name]
+    if dtype is not None:
+        _check_dtype_on_device(dtype, device, name)
+    return dtype
+
+
+def _check_dtype_on_device(dtype: torch.dtype, device: torch.device, field: str) -> None:
+    """A clear error, before anything runs, when this device and torch cannot compute in ``dtype``."""
+    if not torch.amp.autocast_mode.is_autocast_available(device.type):
+        raise ValueError(f"{field}=True is invalid on device {device}: torch has no autocast for it; remove {field}")
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(
+            f"{field}=True is invalid on {torch.cuda.get_device_name(device)}: it cannot compute in bfloat16 "
+            "(that needs an Ampere or newer GPU); use fp16=True instead"
+        )
+    if device.type == "cpu" and dtype == torch.float16:
+        try:
+            torch.amp.GradScaler("cpu")
+        except Exception as error:  # noqa: BLE001 - older torch: no CPU loss scaling
+            raise ValueError(
+                f"{field}=True is invalid on the CPU with torch {torch.__version__}: it has no CPU grad scaler "
+                f"({error}); use bf16=True, or a newer torch"
+            ) from None
+
+
+def _apply_tf32(tf32: bool | None, device: torch.device) -> None:
+    if tf32 is None:
+        return
+    usable = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    if tf32 and not usable:
+        raise ValueError(
+            f"tf32=True is invalid on device {device}: TF32 needs a CUDA GPU of compute capability >= 8 "
+            "(Ampere or newer); remove tf32"
+        )
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(tf32)
+    # tf32=False on a CPU: nothing to turn off
+
+
+# ------------------------------------------------------------------ device verbs for code with no Backend at hand
 
 
 def accelerator_available() -> bool:
@@ -510,53 +559,6 @@ def peak_flops(device: torch.device | str) -> float | None:
     if peak is None:
         logger.debug("No peak FLOP/s known for %r; no MFU", name)
     return peak
-
-
-
-_COMPILED = "_cadence_compiled"  # set on a module compiled in place, so it is compiled once
-
-_HALF_DTYPES: dict[str | None, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}
-
-
-def _amp_dtype(args: Any, device: torch.device) -> torch.dtype | None:
-    name = "fp16" if args.fp16 else "bf16" if args.bf16 else None
-    dtype = _HALF_DTYPES[name]
-    if dtype is not None:
-        _check_dtype_on_device(dtype, device, name)
-    return dtype
-
-
-def _check_dtype_on_device(dtype: torch.dtype, device: torch.device, field: str) -> None:
-    """A clear error, before anything runs, when this device and torch cannot compute in ``dtype``."""
-    if not torch.amp.autocast_mode.is_autocast_available(device.type):
-        raise ValueError(f"{field}=True is invalid on device {device}: torch has no autocast for it; remove {field}")
-    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ValueError(
-            f"{field}=True is invalid on {torch.cuda.get_device_name(device)}: it cannot compute in bfloat16 "
-            "(that needs an Ampere or newer GPU); use fp16=True instead"
-        )
-    if device.type == "cpu" and dtype == torch.float16:
-        try:
-            torch.amp.GradScaler("cpu")
-        except Exception as error:  # noqa: BLE001 - older torch: no CPU loss scaling
-            raise ValueError(
-                f"{field}=True is invalid on the CPU with torch {torch.__version__}: it has no CPU grad scaler "
-                f"({error}); use bf16=True, or a newer torch"
-            ) from None
-
-
-def _apply_tf32(tf32: bool | None, device: torch.device) -> None:
-    if tf32 is None:
-        return
-    usable = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
-    if tf32 and not usable:
-        raise ValueError(
-            f"tf32=True is invalid on device {device}: TF32 needs a CUDA GPU of compute capability >= 8 "
-            "(Ampere or newer); remove tf32"
-        )
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(tf32)
-    # tf32=False on a CPU: nothing to turn off
 
 
 # ---------------------------------------------------------------------------------------------- FSDP
