@@ -3,8 +3,12 @@
 The loop asks verbs (``prepare_model``, ``no_sync``, ``autocast``, ``backward``, ``clip_grad_norm``,
 ``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``, and for checkpoints
 ``model_state_dict``, ``optimizer_state_dict``, ``load_model_weights``, ``load_optimizer_state``) and never
-asks which engine is underneath. A single process
-gets no wrapper at all: no DDP module, no optimizer wrapper, no accelerate dataloader; the model
+asks which engine is underneath; ``pin_memory``, ``empty_cache`` and ``free_memory`` answer for its device. Code
+with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks this module's functions instead:
+``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``, ``peak_flops``,
+``process_group_size_and_rank``, ``any_process``. No other module calls torch.cuda or torch.distributed.
+
+A single process gets no wrapper at all: no DDP module, no optimizer wrapper, no accelerate dataloader; the model
 is only moved to the device. Several processes (``torchrun``/``accelerate launch``) go through
 accelerate's ``Accelerator``, with its gradient accumulation left at 1: cadence normalises the loss
 of a step itself, once, over the items of all processes (see ``loss.py``).
@@ -29,6 +33,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -217,9 +222,16 @@ class Backend:
 
     def empty_cache(self) -> None:
         """Return the device's cached free memory to the driver (``torch_empty_cache_steps``); nothing on a CPU."""
-        release = _EMPTY_CACHE.get(self.device.type)
-        if release is not None:
-            release()
+        empty_cache(self.device)
+
+    def free_memory(self) -> None:
+        """After an out-of-memory error: see :func:`free_memory`."""
+        free_memory(self.device)
+
+    def pin_memory(self, requested: bool) -> bool:
+        """Whether dataloaders pin host memory: when ``requested`` (``dataloader_pin_memory``) and the batches go to a
+        CUDA device, the only kind whose copies pinned pages speed up (on a CPU they would only cost)."""
+        return requested and self.device.type == "cuda"
 
     def scaler_state(self) -> dict[str, Any] | None:
         """The grad scaler's state for ``scaler.pt``, or None when there is no loss scaling."""
@@ -419,6 +431,134 @@ def _apply_tf32(tf32: bool | None, device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(tf32)
     # tf32=False on a CPU: nothing to turn off
+
+
+# ------------------------------------------------------------------ device verbs for code with no Backend at hand
+
+
+def accelerator_available() -> bool:
+    """Whether a CUDA GPU is visible: the device a process trains on unless ``use_cpu`` (see :func:`default_device`)."""
+    return torch.cuda.is_available()
+
+
+def default_device(use_cpu: bool = False, local_process_index: int = 0) -> torch.device:
+    """The device of one process (``TrainingArguments.device``; a single-process ``Backend`` runs on it, and
+    accelerate picks the same one for each of several): ``cpu`` with ``use_cpu`` or without a GPU, else
+    ``cuda:<local_process_index>``.
+
+    Example:
+        >>> default_device(use_cpu=True)
+        device(type='cpu')
+    """
+    if use_cpu or not accelerator_available():
+        return torch.device("cpu")
+    return torch.device("cuda", local_process_index)
+
+
+def empty_cache(device: torch.device) -> None:
+    """Return ``device``'s cached free memory to its driver; nothing on a CPU."""
+    release = _EMPTY_CACHE.get(device.type)
+    if release is not None:
+        release()
+
+
+def free_memory(device: torch.device | None = None) -> None:
+    """After an out-of-memory error: collect the failed attempt's tensors and return the device's cached memory
+    to its driver, so that a retry with a smaller batch can use it. ``device`` None: :func:`default_device`."""
+    gc.collect()
+    empty_cache(device or default_device())
+
+
+def device_rng_state(all_devices: bool = False) -> dict[str, Any]:
+    """The GPU entries of ``rng_state.pth``, under transformers' key: ``{"cuda": state}``, every visible GPU's
+    states (a list) with ``all_devices`` (transformers' choice with several processes), else the current GPU's;
+    ``{}`` without a GPU."""
+    if not torch.cuda.is_available():
+        return {}
+    return {"cuda": torch.cuda.random.get_rng_state_all() if all_devices else torch.cuda.random.get_rng_state()}
+
+
+def set_device_rng_state(state: dict[str, Any]) -> None:
+    """Restore the GPU entry of an RNG state (from :func:`device_rng_state`, or transformers' file); nothing when
+    it has none or this process has no GPU."""
+    saved = state.get("cuda")
+    if saved is None or not torch.cuda.is_available():
+        return
+    if isinstance(saved, (list, tuple)):
+        torch.cuda.random.set_rng_state_all(saved)
+    else:
+        torch.cuda.random.set_rng_state(saved)
+
+
+def process_group_size_and_rank() -> tuple[int, int] | None:
+    """``(world size, rank)`` of the started process group, or None when none is started."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    return torch.distributed.get_world_size(), torch.distributed.get_rank()
+
+
+def any_process(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` is True on any process (a max all-reduce of one number on ``device``; a collective when a
+    process group is started, so every process must call it); ``flag`` itself without a process group."""
+    if process_group_size_and_rank() is None:
+        return bool(flag)
+    combined = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch.distributed.all_reduce(combined, op=torch.distributed.ReduceOp.MAX)
+    return bool(combined.item())
+
+
+# Dense (no 2:4 sparsity) bf16 tensor-core peak FLOP/s per GPU, from NVIDIA's datasheets; fp16 where
+# the GPU has no bf16 (V100, T4). Keys are matched as whole words against the lower-cased
+# `torch.cuda.get_device_name()` with "-" read as " ", longest key first, so "h100 nvl" wins over "h100"
+# and "a10g" never matches "a100". A bare "h100"/"h200"/"v100" is the SXM part.
+_PEAK_DENSE_BF16_FLOPS: dict[str, float] = {
+    "b200": 2250e12,
+    "h200 nvl": 835.5e12,
+    "h200": 989.4e12,
+    "h100 nvl": 835.5e12,
+    "h100 pcie": 756.5e12,
+    "h100": 989.4e12,
+    "h800": 989.4e12,
+    "a100": 312e12,
+    "a800": 312e12,
+    "l40s": 362.05e12,
+    "l40": 181.05e12,
+    "l4": 121e12,
+    "a40": 149.7e12,
+    "rtx a6000": 154.8e12,
+    "a10g": 70e12,  # AWS-only part with no NVIDIA datasheet; the figure commonly quoted for it
+    "a10": 125e12,
+    "rtx 4090": 165.2e12,  # with fp32 accumulation, as autocast uses
+    "v100s": 130e12,
+    "v100 pcie": 112e12,
+    "v100": 125e12,
+    "t4": 65e12,
+}
+
+
+def _peak_flops(device_name: str) -> float | None:
+    """The table's peak for a CUDA device name, or None when no key matches."""
+    name = device_name.lower().replace("-", " ")
+    for key in sorted(_PEAK_DENSE_BF16_FLOPS, key=len, reverse=True):
+        if re.search(rf"\b{re.escape(key)}\b", name):
+            return _PEAK_DENSE_BF16_FLOPS[key]
+    return None
+
+
+def peak_flops(device: torch.device | str) -> float | None:
+    """The dense bf16 peak FLOP/s of ``device`` (one GPU) from the table above; None on a CPU, on a CUDA device
+    without a runtime behind it, or on a GPU the table does not know."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    try:
+        name = torch.cuda.get_device_name(device)
+    except (RuntimeError, AssertionError):  # no CUDA runtime behind a "cuda" device
+        return None
+    peak = _peak_flops(name)
+    if peak is None:
+        logger.debug("No peak FLOP/s known for %r; no MFU", name)
+    return peak
 
 
 # ---------------------------------------------------------------------------------------------- FSDP

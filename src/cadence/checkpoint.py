@@ -16,7 +16,7 @@ Files (the names transformers uses, so either library resumes the other's checkp
                            adapter_model.safetensors + adapter_config.json)
     optimizer.pt           optimizer.state_dict()
     scheduler.pt           lr_scheduler.state_dict()
-    rng_state.pth          python/numpy/torch(/cuda) RNG states; rng_state_{rank}.pth per process
+    rng_state.pth          python/numpy/torch(/GPU) RNG states; rng_state_{rank}.pth per process
     trainer_state.json     TrainerState, written last (the completeness marker)
     training_args.bin/json the arguments, as plain data
     loop_state.json        cadence only: the data position and the loss summed since the last log
@@ -62,6 +62,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from . import backend
 from .trainer_callback import TrainerCallback
 from .trainer_utils import CHECKPOINT_DIR_RE, has_length, sorted_checkpoints
 
@@ -571,7 +572,7 @@ def rng_state_name(process_index: int, world_size: int) -> str:
 
 
 def capture_rng_state(world_size: int = 1) -> dict[str, Any]:
-    """python, numpy, torch CPU (and CUDA) RNG states as tensors and plain lists/tuples.
+    """python, numpy, torch CPU (and GPU) RNG states as tensors and plain lists/tuples.
 
     The layout is transformers' (so it loads them), but numpy's key is a list, not an array, so
     ``torch.load(weights_only=True)`` loads the file with nothing allowed beyond plain data.
@@ -582,8 +583,7 @@ def capture_rng_state(world_size: int = 1) -> dict[str, Any]:
         "numpy": (kind, key.tolist(), int(pos), int(has_gauss), float(cached)),
         "cpu": torch.random.get_rng_state(),
     }
-    if torch.cuda.is_available():  # HF: all devices' states with several processes, the current one without
-        state["cuda"] = torch.cuda.random.get_rng_state_all() if world_size > 1 else torch.cuda.random.get_rng_state()
+    state.update(backend.device_rng_state(all_devices=world_size > 1))  # HF: all GPUs' with several processes
     return state
 
 
@@ -595,12 +595,7 @@ def restore_rng_state(state: dict[str, Any] | None) -> None:
     random.setstate((version, tuple(internal), gauss))
     np.random.set_state(tuple(state["numpy"]))
     torch.random.set_rng_state(state["cpu"])
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        if isinstance(cuda, (list, tuple)):
-            torch.cuda.random.set_rng_state_all(cuda)
-        else:
-            torch.cuda.random.set_rng_state(cuda)
+    backend.set_device_rng_state(state)
 
 
 def checkpoint_world_size(folder: str | os.PathLike) -> int | None:
@@ -831,15 +826,10 @@ class JITCheckpointCallback(TrainerCallback):
                     logger.warning("enable_jit_checkpoint: cannot install a %s handler outside the main thread", name)
 
     def _agreed(self, args) -> bool:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return bool(self.requested)
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=args.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not self.requested:
+        agreed = backend.any_process(bool(self.requested), args.device)
+        if agreed and not self.requested:
             self.requested = "a signal to another process"
-        return bool(flag.item())
+        return agreed
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._agreed(args):

@@ -734,14 +734,15 @@ class ShardSampler(Sampler[int]):
 
 
 def _distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """torch.distributed's world size and rank for the ones not given (it must then be initialised)."""
+    """The process group's world size and rank for the ones not given (it must then be started)."""
     if num_replicas is None or rank is None:
-        import torch.distributed as dist
+        from .backend import process_group_size_and_rank
 
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("num_replicas and rank are needed when torch.distributed is not initialised; pass both")
-        num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
-        rank = dist.get_rank() if rank is None else rank
+        group = process_group_size_and_rank()
+        if group is None:
+            raise ValueError("num_replicas and rank are needed when no process group is initialised; pass both")
+        num_replicas = group[0] if num_replicas is None else num_replicas
+        rank = group[1] if rank is None else rank
     return num_replicas, rank
 
 

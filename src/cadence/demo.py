@@ -85,6 +85,7 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_siz
     and at the end), exactly where it stopped; without it, start again (the previous demo's
     checkpoints in ``output_dir`` are replaced, so ``make demo`` can be run twice).
     """
+    from .backend import accelerator_available
     from .trainer import Trainer
     from .training_args import TrainingArguments
 
@@ -110,7 +111,7 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_siz
         save_total_limit=2,
         overwrite_output_dir=not resume,  # the demo's own folder: a fresh demo replaces the last one's checkpoints
         seed=seed,
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=not accelerator_available(),
     )
     trainer = Trainer(model, args, train_dataset=train, eval_dataset=held_out)
     start = time.time()

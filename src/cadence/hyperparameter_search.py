@@ -321,13 +321,14 @@ class RayTuneBackend(_SearchBackend):
     default_hp_space = staticmethod(default_hp_space_ray)
 
     def run(self, trainer, start: _Start, n_trials: int, direction, **kwargs):
-        import torch
         from ray import tune
+
+        from .backend import accelerator_available
 
         if isinstance(direction, (list, tuple)):
             raise ValueError(f"direction={direction!r}: ray tune optimizes one objective; pass 'minimize' or 'maximize'")
         mode = direction[:3]
-        resources = kwargs.pop("resources_per_trial", None) or {"cpu": 1, **({"gpu": 1} if torch.cuda.is_available() else {})}
+        resources = kwargs.pop("resources_per_trial", None) or {"cpu": 1, **({"gpu": 1} if accelerator_available() else {})}
         tune_config = tune.TuneConfig(num_samples=n_trials, metric="objective", mode=mode,
                                       **{k: kwargs.pop(k) for k in _TUNE_CONFIG_KEYS if k in kwargs})
         run_config = tune.RunConfig(**kwargs)

@@ -42,7 +42,6 @@ from .trainer_callback import (
 from .trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     EvalLoopOutput,
-    _free_device_memory,
     _is_out_of_memory,
     PredictionOutput,
     TrainOutput,
@@ -365,7 +364,7 @@ class Trainer:
             batch_size=batch_size,
             collate_fn=collate_fn,
             num_workers=args.dataloader_num_workers,
-            pin_memory=args.dataloader_pin_memory and self.backend.device.type == "cuda",
+            pin_memory=self.backend.pin_memory(args.dataloader_pin_memory),
             drop_last=args.dataloader_drop_last,
         )
         if args.dataloader_num_workers > 0:  # python/numpy/torch seeded per worker and process: runs repeat
@@ -705,7 +704,7 @@ class Trainer:
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
         model.zero_grad(set_to_none=True)  # the failed attempt's partial gradients must not count
-        _free_device_memory()
+        self.backend.free_memory()
         split *= 2
         self.state.train_batch_size = -(-batch // split)
         logger.warning(
@@ -723,7 +722,7 @@ class Trainer:
         size = self.args.per_device_eval_batch_size
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
-        _free_device_memory()
+        self.backend.free_memory()
         self.args.per_device_eval_batch_size = size // 2
         logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
 
@@ -1528,9 +1527,9 @@ class Trainer:
                 )
 
     def create_accelerator_and_postprocess(self) -> None:
-        """cadence builds its accelerate objects from TrainingArguments (ddp_* fields) in backend.Backend."""
+        """cadence builds its Accelerator from TrainingArguments (ddp_* fields) in backend.Backend."""
         raise NotImplementedError(
-            "cadence creates its accelerate objects in backend.Backend (from TrainingArguments) when the Trainer is "
+            "cadence creates its Accelerator in backend.Backend (from TrainingArguments) when the Trainer is "
             "built; there is nothing to recreate. Set the ddp_* arguments instead"
         )
 

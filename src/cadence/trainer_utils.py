@@ -9,7 +9,6 @@ numpy anyway) and nothing else.
 from __future__ import annotations
 
 import functools
-import gc
 import inspect
 import logging
 import os
@@ -367,44 +366,6 @@ def speed_metrics(
     return result
 
 
-# Dense (no 2:4 sparsity) bf16 tensor-core peak FLOP/s per GPU, from NVIDIA's datasheets; fp16 where
-# the GPU has no bf16 (V100, T4). Keys are matched as whole words against the lower-cased
-# `torch.cuda.get_device_name()` with "-" read as " ", longest key first, so "h100 nvl" wins over "h100"
-# and "a10g" never matches "a100". A bare "h100"/"h200"/"v100" is the SXM part.
-_PEAK_DENSE_BF16_FLOPS: dict[str, float] = {
-    "b200": 2250e12,
-    "h200 nvl": 835.5e12,
-    "h200": 989.4e12,
-    "h100 nvl": 835.5e12,
-    "h100 pcie": 756.5e12,
-    "h100": 989.4e12,
-    "h800": 989.4e12,
-    "a100": 312e12,
-    "a800": 312e12,
-    "l40s": 362.05e12,
-    "l40": 181.05e12,
-    "l4": 121e12,
-    "a40": 149.7e12,
-    "rtx a6000": 154.8e12,
-    "a10g": 70e12,  # AWS-only part with no NVIDIA datasheet; the figure commonly quoted for it
-    "a10": 125e12,
-    "rtx 4090": 165.2e12,  # with fp32 accumulation, as autocast uses
-    "v100s": 130e12,
-    "v100 pcie": 112e12,
-    "v100": 125e12,
-    "t4": 65e12,
-}
-
-
-def _peak_flops(device_name: str) -> float | None:
-    """The table's peak for a CUDA device name, or None when no key matches."""
-    name = device_name.lower().replace("-", " ")
-    for key in sorted(_PEAK_DENSE_BF16_FLOPS, key=len, reverse=True):
-        if re.search(rf"\b{re.escape(key)}\b", name):
-            return _PEAK_DENSE_BF16_FLOPS[key]
-    return None
-
-
 def estimate_mfu(total_flos: float, seconds: float, device: Any, world_size: int = 1) -> float | None:
     """Model FLOPs utilisation: achieved FLOP/s per device over the device's dense bf16 peak.
 
@@ -415,18 +376,12 @@ def estimate_mfu(total_flos: float, seconds: float, device: Any, world_size: int
         world_size: number of processes that shared `total_flos`.
 
     Returns:
-        A fraction (0.4 means 40 % of peak), or None on a non-CUDA device, an unknown GPU, or no time.
+        A fraction (0.4 means 40 % of peak), or None on a CPU, an unknown GPU, or no time.
     """
-    device = torch.device(device)
-    if device.type != "cuda" or seconds <= 0:
-        return None
-    try:
-        name = torch.cuda.get_device_name(device)
-    except (RuntimeError, AssertionError):  # no CUDA runtime behind a "cuda" device
-        return None
-    peak = _peak_flops(name)
+    from .backend import peak_flops  # backend imports this module (through checkpoint)
+
+    peak = peak_flops(device) if seconds > 0 else None
     if peak is None:
-        logger.debug("No peak FLOP/s known for %r; no MFU", name)
         return None
     return total_flos / max(1, world_size) / seconds / peak
 
@@ -482,12 +437,6 @@ def _is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(m in str(error) for m in _OOM_MESSAGES)
 
 
-def _free_device_memory() -> None:
-    gc.collect()  # drop the failed attempt's tensors before retrying
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def find_executable_batch_size(
     function: Callable | None = None, starting_batch_size: int = 128, auto_find_batch_size: bool = False
 ) -> Callable:
@@ -533,7 +482,9 @@ def find_executable_batch_size(
                 if not _is_out_of_memory(error):
                     raise
                 logger.info("Out of memory at batch size %d; retrying with %d", batch_size, batch_size // 2)
-                _free_device_memory()
+                from .backend import free_memory  # backend imports this module (through checkpoint)
+
+                free_memory()  # the failed attempt's tensors and the device's cache, before retrying
                 batch_size //= 2
         raise RuntimeError(
             f"No executable batch size found: every size from {starting_batch_size} down to 1 ran out of memory."

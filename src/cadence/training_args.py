@@ -549,7 +549,7 @@ class TrainingArguments:
     deepspeed: dict | str | None = field(
         default=None,
         metadata=_help(
-            "DeepSpeed configuration (dict, JSON string or file; ZeRO stage 1/2/3) run through accelerate on CUDA GPUs; "
+            "DeepSpeed configuration (dict, JSON string or file; ZeRO stage 1/2/3), run on CUDA GPUs; "
             "'auto' values are filled from these arguments as transformers fills them."
         ),
     )
@@ -675,10 +675,10 @@ class TrainingArguments:
 
     @functools.cached_property
     def device(self) -> torch.device:
-        """`cpu` with use_cpu or without CUDA, else `cuda:<local_process_index>`. Computed once."""
-        if self.use_cpu or not torch.cuda.is_available():
-            return torch.device("cpu")
-        return torch.device("cuda", self.local_process_index)
+        """`cpu` with use_cpu or without a GPU, else GPU `local_process_index` (`backend.default_device`). Computed once."""
+        from .backend import default_device  # on first use: this module stays light to import
+
+        return default_device(self.use_cpu, self.local_process_index)
 
     @property
     def n_gpu(self) -> int:
@@ -703,7 +703,7 @@ class TrainingArguments:
 
     @property
     def ddp_timeout_delta(self) -> timedelta:
-        """`ddp_timeout` as the timedelta torch.distributed expects."""
+        """`ddp_timeout` as the timedelta the process group expects."""
         return timedelta(seconds=self.ddp_timeout)
 
     def get_process_log_level(self) -> int:
@@ -736,7 +736,7 @@ class TrainingArguments:
     @contextlib.contextmanager
     def main_process_first(self, local: bool = True, desc: str = "work"):
         """Run the block on the main process first, then on the others (e.g. `datasets.map`, whose cache
-        the others then read). A real barrier (accelerate's) when there are several processes.
+        the others then read). A real barrier across processes when there are several.
 
         Args:
             local: the first process of each node goes first (no shared filesystem); False: only global rank 0.
