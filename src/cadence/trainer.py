@@ -1012,7 +1012,8 @@ class Trainer:
 
         Args:
             logs: the values to log.
-            start_time: when training started (unused; HF's signature).
+            start_time: when training started; with ``include_num_input_tokens_seen``, the logs also get
+                ``train_runtime`` and ``train_tokens_per_second`` over the tokens seen since this run began.
         """
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
