@@ -9,17 +9,14 @@ output storages until they are freed). This machine has no GPU, so this stands i
 import pytest
 import torch
 from test_eval_memory import LiveTensorBytes
+from tiny import args_with
 from torch import nn
 
-from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence import Trainer, TrainerCallback
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
-                max_steps=1, per_device_train_batch_size=8, train_sampling_strategy="sequential", optim="sgd",
-                max_grad_norm=0.0)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(use_cpu=True, max_steps=1, per_device_train_batch_size=8, train_sampling_strategy="sequential",
+                      optim="sgd", max_grad_norm=0.0)
 
 
 class _Grads(TrainerCallback):

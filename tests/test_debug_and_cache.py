@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tiny import args_with
 from torch import nn
 
 from cadence import Trainer, TrainerCallback, TrainingArguments
@@ -48,12 +49,8 @@ class BlowUp(TrainerCallback):
                 self.model.lin1.weight.mul_(self.factor)
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
-                max_steps=6, per_device_train_batch_size=4, logging_steps=1, debug="underflow_overflow", optim="sgd",
-                learning_rate=1e-3)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(use_cpu=True, max_steps=6, per_device_train_batch_size=4, logging_steps=1,
+                      debug="underflow_overflow", optim="sgd", learning_rate=1e-3)
 
 
 def test_names_the_module_that_overflows_float32(out_dir):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from tiny import RegressionDataset, RegressionModel
+from tiny import RegressionDataset, RegressionModel, args_with
 
 from cadence import Trainer, TrainingArguments
 from cadence import optimization as co
@@ -14,9 +14,7 @@ from cadence import optimization as co
 OPTIONAL = sorted(co._OPTIONAL_PACKAGES)
 
 
-def make_args(out_dir, optim):
-    return TrainingArguments(output_dir=out_dir, optim=optim, max_steps=3, learning_rate=1e-2, disable_tqdm=True,
-                             save_strategy="no", report_to="none", use_cpu=True, logging_steps=1)
+make_args = args_with(max_steps=3, learning_rate=1e-2, use_cpu=True, logging_steps=1)
 
 
 @pytest.mark.parametrize("optim", OPTIONAL)
@@ -24,7 +22,7 @@ def test_missing_package_is_named_at_trainer_creation(out_dir, monkeypatch, opti
     module, pip = co._OPTIONAL_PACKAGES[optim]
     monkeypatch.setitem(sys.modules, module, None)  # absent, even where installed
     with pytest.raises(ValueError, match=rf"optim='{optim}'") as error:
-        Trainer(RegressionModel(), make_args(out_dir, optim), train_dataset=RegressionDataset(8))
+        Trainer(RegressionModel(), make_args(out_dir, optim=optim), train_dataset=RegressionDataset(8))
     assert f"`{module}`" in str(error.value) and pip in str(error.value)
 
 
@@ -37,7 +35,7 @@ def test_installed_package_trains(out_dir, optim):
     if not _installed(optim):
         pytest.skip(f"{co._OPTIONAL_PACKAGES[optim][0]} is not installed here")
     model = RegressionModel()
-    trainer = Trainer(model, make_args(out_dir, optim), train_dataset=RegressionDataset(16))
+    trainer = Trainer(model, make_args(out_dir, optim=optim), train_dataset=RegressionDataset(16))
     trainer.train()
     assert type(trainer.optimizer).__module__.startswith(co._OPTIONAL_PACKAGES[optim][0])
     assert model.a.item() != 0.0 and all(torch.isfinite(p).all() for p in model.parameters())

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 
 class RegressionDataset(Dataset):
@@ -206,3 +209,31 @@ def stop_at(step: int):
                 control.should_training_stop = True
 
     return StopAt()
+
+
+def make_args(output_dir, lib=None, /, **overrides):
+    """``TrainingArguments`` for a test: no progress bar, no trackers, no checkpoints, unless overridden
+    (``output_dir`` too).
+
+    ``lib`` is ``cadence`` (the default) or ``transformers``, for runs compared across the two.
+    """
+    if lib is None:
+        import cadence as lib
+
+    base = dict(output_dir=str(output_dir), disable_tqdm=True, save_strategy="no", report_to="none")
+    return lib.TrainingArguments(**{**base, **overrides})
+
+
+def args_with(**defaults) -> Callable:
+    """``make_args`` with a test file's own defaults, each still overridable per call."""
+    return functools.partial(make_args, **defaults)
+
+
+class Stream(IterableDataset):
+    """A map-style dataset's rows as a stream: no ``__len__``, no ``state_dict`` (a resume skips by reading)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return (self.dataset[i] for i in range(len(self.dataset)))
