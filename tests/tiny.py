@@ -211,6 +211,35 @@ def stop_at(step: int):
     return StopAt()
 
 
+class BlockDataset(Dataset):
+    """Token blocks of one length whose labels are the inputs (a language-modeling script's grouped texts)."""
+
+    def __init__(self, length: int, block: int = 64, vocab: int = 64, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, vocab, (length, block), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class FeatureDataset(Dataset):
+    """Rows {"x": ``features`` normal values, "labels": normal targets of shape ``label_shape``}."""
+
+    def __init__(self, length: int, features: int, label_shape: tuple = (), seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(length, features, generator=g)
+        self.y = torch.randn(length, *label_shape, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
 def make_args(output_dir, lib=None, /, **overrides):
     """``TrainingArguments`` for a test: no progress bar, no trackers, no checkpoints, unless overridden
     (``output_dir`` too).
