@@ -452,6 +452,8 @@ class Trainer:
                 the sampler, nothing is loaded twice), logged-loss sums and ``TrainerState``. With another
                 batch size or number of processes it continues after the samples already trained (not
                 bit-identical, a warning says so); a PEFT model loads its adapter.
+            trial: a hyperparameter-search trial (``hyperparameter_search`` passes it): the model comes from
+                ``model_init(trial)``, ``trainer_state.json`` records its parameters, evaluations report to it.
             ignore_keys_for_eval: output keys to leave out of predictions during evaluation.
 
         Example:
