@@ -6,21 +6,16 @@ import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from dist_exit import finish  # noqa: E402
-from tiny import TokenDataset, TokenTagger, TokenTaggerWithItems, pad_collate  # noqa: E402
+from tiny import Stream, TokenDataset, TokenTagger, TokenTaggerWithItems, pad_collate  # noqa: E402
 
 from cadence import Trainer, TrainingArguments  # noqa: E402
-
-
-class Stream(torch.utils.data.IterableDataset):
-    def __iter__(self):
-        return iter(TokenDataset(40))
 
 
 # how the data is given: a shuffled map-style set, grouped by length, or a stream
 DATA = {
     "random": lambda: (TokenDataset(40), {}),
     "grouped": lambda: (TokenDataset(40), {"group_by_length": True}),
-    "stream": lambda: (Stream(), {"max_steps": 5}),
+    "stream": lambda: (Stream(TokenDataset(40)), {"max_steps": 5}),
 }
 
 

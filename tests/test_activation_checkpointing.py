@@ -9,17 +9,14 @@ output storages until they are freed). This machine has no GPU, so this stands i
 import pytest
 import torch
 from test_eval_memory import LiveTensorBytes
+from tiny import BlockDataset, FeatureDataset, args_with
 from torch import nn
 
-from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence import Trainer, TrainerCallback
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
-                max_steps=1, per_device_train_batch_size=8, train_sampling_strategy="sequential", optim="sgd",
-                max_grad_norm=0.0)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(use_cpu=True, max_steps=1, per_device_train_batch_size=8, train_sampling_strategy="sequential",
+                      optim="sgd", max_grad_norm=0.0)
 
 
 class _Grads(TrainerCallback):
@@ -30,18 +27,6 @@ class _Grads(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
-
-
-class Rows(torch.utils.data.Dataset):
-    def __init__(self, n, length=64, vocab=64):
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, vocab, (n, length), generator=g)
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 def small_gpt2():
@@ -68,7 +53,7 @@ def test_gpt2_same_gradients_less_memory(out_dir):
         model = small_gpt2()
         calls = []
         model.transformer.h[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
-        grads, peak, _ = one_step(model, f"{out_dir}/{on}", Rows(8), gradient_checkpointing=on,
+        grads, peak, _ = one_step(model, f"{out_dir}/{on}", BlockDataset(8), gradient_checkpointing=on,
                                   gradient_checkpointing_kwargs={"use_reentrant": False})
         results[on] = grads, peak, len(calls), model
     (g_off, peak_off, calls_off, _), (g_on, peak_on, calls_on, model_on) = results[False], results[True]
@@ -112,24 +97,12 @@ class Net(nn.Module):
         return {"loss": nn.functional.mse_loss(y, labels), "logits": y}
 
 
-class Regression(torch.utils.data.Dataset):
-    def __init__(self, n=256):
-        g = torch.Generator().manual_seed(1)
-        self.x, self.y = torch.randn(n, 16, generator=g), torch.randn(n, generator=g)
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
 @pytest.mark.parametrize("marks", [["Block"], [Block], ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]])
 def test_plain_module_blocks(out_dir, marks):
-    g_off, peak_off, _ = one_step(Net(marks), f"{out_dir}/off", Regression(), per_device_train_batch_size=256)
+    g_off, peak_off, _ = one_step(Net(marks), f"{out_dir}/off", FeatureDataset(256, 16, seed=1), per_device_train_batch_size=256)
     model = Net(marks)
     keys = list(model.state_dict())
-    g_on, peak_on, trainer = one_step(model, f"{out_dir}/on", Regression(), per_device_train_batch_size=256,
+    g_on, peak_on, trainer = one_step(model, f"{out_dir}/on", FeatureDataset(256, 16, seed=1), per_device_train_batch_size=256,
                                       activation_checkpointing=True)
     assert [b.calls for b in model.blocks] == [2, 2, 2, 2]
     for name, g in g_off.items():
@@ -139,7 +112,8 @@ def test_plain_module_blocks(out_dir, marks):
     # evaluation (no_grad) runs each block once, with the same result
     plain = Net(marks)
     plain.load_state_dict(model.state_dict())
-    x, y = Regression().x[:4], Regression().y[:4]
+    rows = FeatureDataset(256, 16, seed=1)
+    x, y = rows.x[:4], rows.y[:4]
     with torch.no_grad():
         before = [b.calls for b in model.blocks]
         out = model.eval()(x, y)["logits"]
@@ -151,7 +125,7 @@ def test_every_n_layers_and_enabling_twice(out_dir):
     model = Net()
     trainer = Trainer(model, make_args(out_dir, activation_checkpointing=True,
                                        activation_checkpointing_kwargs={"every_n_layers": 2}),
-                      train_dataset=Regression(16))
+                      train_dataset=FeatureDataset(16, 16, seed=1))
     trainer.train()
     trainer.train()  # enabling again wraps nothing twice
     assert [b.calls for b in model.blocks] == [4, 2, 4, 2]  # 2 runs of 1 step; blocks 0 and 2 recompute
@@ -159,9 +133,9 @@ def test_every_n_layers_and_enabling_twice(out_dir):
 
 def test_unmarked_plain_module_is_a_clear_early_error(out_dir):
     with pytest.raises(ValueError, match=r"activation_checkpointing=True is invalid for Net.*checkpoint_modules = \['Block'\]"):
-        Trainer(Net(marks=[]), make_args(out_dir, gradient_checkpointing=True), train_dataset=Regression(16))
+        Trainer(Net(marks=[]), make_args(out_dir, gradient_checkpointing=True), train_dataset=FeatureDataset(16, 16, seed=1))
     with pytest.raises(ValueError, match=r"checkpoint_modules=\['Nope'\] of Net matches no submodule"):
-        Trainer(Net(marks=["Nope"]), make_args(out_dir, gradient_checkpointing=True), train_dataset=Regression(16))
+        Trainer(Net(marks=["Nope"]), make_args(out_dir, gradient_checkpointing=True), train_dataset=FeatureDataset(16, 16, seed=1))
 
 
 class OldStyle(Net):
@@ -174,9 +148,9 @@ class OldStyle(Net):
 def test_older_method_gets_the_kwargs(out_dir):
     model = OldStyle()
     Trainer(model, make_args(out_dir, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True}),
-            train_dataset=Regression(16)).train()
+            train_dataset=FeatureDataset(16, 16, seed=1)).train()
     assert model.received == {"use_reentrant": True}
     with pytest.raises(ValueError, match=r"activation_checkpointing_kwargs\['every_n_layers'\]=2 is invalid.*does not take"):
         Trainer(OldStyle(), make_args(out_dir, activation_checkpointing=True,
                                       activation_checkpointing_kwargs={"every_n_layers": 2}),
-                train_dataset=Regression(16)).train()
+                train_dataset=FeatureDataset(16, 16, seed=1)).train()

@@ -20,21 +20,16 @@ import numpy as np
 import pytest
 import torch
 
-from tiny import ClassDataset, Classifier, RegressionDataset, RegressionModel
+from tiny import ClassDataset, Classifier, RegressionDataset, RegressionModel, Stream, args_with
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.data import IterableDataset
 
-from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence import Trainer, TrainerCallback
 from cadence.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
 from cadence.output_guard import LOCK_NAME
 
 
-def args(out, **kw):
-    base = dict(output_dir=out, report_to="none", disable_tqdm=True, max_steps=2, per_device_train_batch_size=4,
-                save_strategy="no", logging_steps=1)
-    base.update(kw)
-    return TrainingArguments(**base)
+args = args_with(max_steps=2, per_device_train_batch_size=4, logging_steps=1)
 
 
 def fit(out, model=None, train_dataset=None, resume=None, args_kw=None, **trainer_kw):
@@ -74,11 +69,6 @@ class FloatLabels(ClassDataset):
     def __getitem__(self, i):
         row = super().__getitem__(i)
         return {"x": row["x"], "labels": row["labels"].float()}
-
-
-class Stream(IterableDataset):
-    def __iter__(self):
-        return iter(RegressionDataset(8))
 
 
 def frozen():
@@ -243,7 +233,7 @@ ROWS = [
     Row("trainer-eval-dataset-empty", lambda out: fit(out, eval_dataset=[]), ValueError, ("eval_dataset", "empty")),
     Row("trainer-eval-without-dataset", lambda out: fit(out, args_kw=dict(eval_strategy="steps", eval_steps=1)),
         ValueError, ("eval_strategy='steps'", "eval_dataset")),
-    Row("trainer-stream-without-max-steps", lambda out: fit(out, train_dataset=Stream(), args_kw=dict(max_steps=-1)),
+    Row("trainer-stream-without-max-steps", lambda out: fit(out, train_dataset=Stream(RegressionDataset(8)), args_kw=dict(max_steps=-1)),
         ValueError, ("train_dataset", "max_steps")),
     Row("trainer-no-batch", lambda out: fit(out, train_dataset=RegressionDataset(3),
                                             args_kw=dict(dataloader_drop_last=True)),

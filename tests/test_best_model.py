@@ -5,15 +5,12 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny import RegressionDataset, RegressionModel
+from tiny import RegressionDataset, RegressionModel, args_with
 
-from cadence import EarlyStoppingCallback, Trainer, TrainingArguments
+from cadence import EarlyStoppingCallback, Trainer
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, report_to="none", learning_rate=0.05,
-                per_device_train_batch_size=4, eval_strategy="steps", eval_steps=1, save_strategy="no")
-    return TrainingArguments(**{**base, **kw})
+make_args = args_with(learning_rate=0.05, per_device_train_batch_size=4, eval_strategy="steps", eval_steps=1)
 
 
 def scripted(values):

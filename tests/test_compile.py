@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch._dynamo
 from safetensors.torch import load_file
-from tiny import TokenDataset, TokenTagger, pad_collate
+from tiny import TokenDataset, TokenTagger, args_with, pad_collate
 from torch._dynamo.utils import counters
 
 from cadence import Trainer, TrainingArguments
@@ -23,11 +23,7 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
-                max_steps=8, per_device_train_batch_size=4, logging_steps=1, learning_rate=0.05)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(use_cpu=True, max_steps=8, per_device_train_batch_size=4, logging_steps=1, learning_rate=0.05)
 
 
 def losses(trainer):

@@ -5,19 +5,16 @@ import logging
 import numpy as np
 import pytest
 import torch
-from tiny import ClassifierModel, word_tokenizer
+from tiny import ClassifierModel, args_with, word_tokenizer
 
-from cadence import Trainer, TrainingArguments
+from cadence import Trainer
 from cadence.data import DataCollatorWithPadding, DefaultDataCollator, default_data_collator
 
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
 
-def make_args(out_dir, lib=None, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True)
-    base.update(kw)
-    return (lib or __import__("cadence")).TrainingArguments(**base)
+make_args = args_with(use_cpu=True)
 
 
 def assert_same_batch(ours, theirs):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tiny import FeatureDataset, args_with
 from torch import nn
 
 from cadence import Trainer, TrainerCallback, TrainingArguments
@@ -24,18 +25,6 @@ class Net(nn.Module):
         return {"loss": nn.functional.mse_loss(y, labels), "logits": y}
 
 
-class Rows(torch.utils.data.Dataset):
-    def __init__(self, n=32):
-        g = torch.Generator().manual_seed(0)
-        self.x, self.y = torch.randn(n, 4, generator=g), torch.randn(n, generator=g)
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
 class BlowUp(TrainerCallback):
     """Scales lin1's weights by `factor` before optimizer step number `at` (1-based)."""
 
@@ -48,17 +37,13 @@ class BlowUp(TrainerCallback):
                 self.model.lin1.weight.mul_(self.factor)
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
-                max_steps=6, per_device_train_batch_size=4, logging_steps=1, debug="underflow_overflow", optim="sgd",
-                learning_rate=1e-3)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(use_cpu=True, max_steps=6, per_device_train_batch_size=4, logging_steps=1,
+                      debug="underflow_overflow", optim="sgd", learning_rate=1e-3)
 
 
 def test_names_the_module_that_overflows_float32(out_dir):
     model = Net()
-    trainer = Trainer(model, make_args(out_dir), train_dataset=Rows(), callbacks=[BlowUp(model, at=3, factor=1e22)])
+    trainer = Trainer(model, make_args(out_dir), train_dataset=FeatureDataset(32, 4), callbacks=[BlowUp(model, at=3, factor=1e22)])
     with pytest.raises(ValueError, match=r"module 'sq' \(Square\) produced inf/NaN at step 2: its inputs were finite "
                                          r"\(largest \|value\| \d.*e\+2\d\), its own weights finite"):
         trainer.train()
@@ -67,19 +52,19 @@ def test_names_the_module_that_overflows_float32(out_dir):
 
 def test_names_the_linear_that_overflows_float16(out_dir):
     model = Net()
-    trainer = Trainer(model, make_args(out_dir, fp16=True), train_dataset=Rows(),
+    trainer = Trainer(model, make_args(out_dir, fp16=True), train_dataset=FeatureDataset(32, 4),
                       callbacks=[BlowUp(model, at=1, factor=3e5)])  # lin1 output ~3e5: finite in float32, beyond float16 (65504)
     with pytest.raises(ValueError, match=r"module 'lin1' \(Linear\) produced inf/NaN at step 0"):
         trainer.train()
     with torch.no_grad():
-        assert torch.isfinite(model.lin1(Rows().x)).all()  # float32 is fine: only the half-precision forward overflows
+        assert torch.isfinite(model.lin1(FeatureDataset(32, 4).x)).all()  # float32 is fine: only the half-precision forward overflows
 
 
 def test_no_overflow_trains_as_without_debug(out_dir):
     runs = {}
     for debug in ("", "underflow_overflow"):
         model = Net()
-        trainer = Trainer(model, make_args(f"{out_dir}/{debug}", debug=debug), train_dataset=Rows())
+        trainer = Trainer(model, make_args(f"{out_dir}/{debug}", debug=debug), train_dataset=FeatureDataset(32, 4))
         trainer.train()
         runs[debug] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         assert all(not m._forward_hooks for m in model.modules())
@@ -97,12 +82,12 @@ def test_debug_values_are_checked():
 def test_empty_cache_every_n_steps(out_dir, monkeypatch):
     calls = []
     monkeypatch.setitem(backend_module._EMPTY_CACHE, "cpu", lambda: calls.append(1))
-    trainer = Trainer(Net(), make_args(out_dir, debug="", torch_empty_cache_steps=2, max_steps=7), train_dataset=Rows())
+    trainer = Trainer(Net(), make_args(out_dir, debug="", torch_empty_cache_steps=2, max_steps=7), train_dataset=FeatureDataset(32, 4))
     trainer.train()
     assert len(calls) == 3  # after steps 2, 4 and 6
 
 
 def test_empty_cache_is_a_no_op_on_cpu(out_dir):
     assert "cpu" not in backend_module._EMPTY_CACHE
-    trainer = Trainer(Net(), make_args(out_dir, debug="", torch_empty_cache_steps=1, max_steps=2), train_dataset=Rows())
+    trainer = Trainer(Net(), make_args(out_dir, debug="", torch_empty_cache_steps=1, max_steps=2), train_dataset=FeatureDataset(32, 4))
     assert trainer.train().global_step == 2

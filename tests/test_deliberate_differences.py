@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tiny import LMDataset, lm_collate
+from tiny import BlockDataset, LMDataset, lm_collate
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,20 +20,6 @@ def gpt2(vocab=256, positions=64, seed=0):
     config = GPT2Config(vocab_size=vocab, n_positions=positions, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0)
     return GPT2LMHeadModel(config)
-
-
-class Blocks(torch.utils.data.Dataset):
-    """Blocks of 64 tokens whose labels are the inputs (the language-modeling example's grouped texts)."""
-
-    def __init__(self, rows=24, seed=1, vocab=256):
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, vocab, (rows, 64), generator=g)
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 def token_mean_nll(model, batches):
@@ -57,7 +43,7 @@ def evaluate(lib, model, dataset, batch_size, out, collator=None):
 
 def test_causal_lm_blocks_of_64_transformers_counts_64_labels_where_63_are_predicted(tmp_path):
     model = gpt2()  # loss_type unset, as for any GPT-2 built from a config: transformers counts every label
-    data = Blocks()
+    data = BlockDataset(24, vocab=256, seed=1)  # blocks of 64 tokens, labels = inputs (grouped texts)
     exact = token_mean_nll(model, [{"input_ids": data.ids[i : i + 8], "labels": data.ids[i : i + 8]} for i in range(0, 24, 8)])
     ours = evaluate(cadence, model, data, 8, tmp_path / "c")
     theirs = evaluate(transformers, model, data, 8, tmp_path / "h")
@@ -72,7 +58,7 @@ def test_causal_lm_blocks_of_64_transformers_counts_64_labels_where_63_are_predi
         args = lib.TrainingArguments(str(tmp_path / lib.__name__), per_device_train_batch_size=8, max_steps=1,
                                      logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
                                      disable_tqdm=True, learning_rate=0.0)
-        trainer = lib.Trainer(model=copy.deepcopy(model), args=args, train_dataset=Blocks(8))
+        trainer = lib.Trainer(model=copy.deepcopy(model), args=args, train_dataset=BlockDataset(8, vocab=256, seed=1))
         trainer.train()
         first[lib.__name__] = trainer.state.log_history[0]["loss"]
     assert first["transformers"] == pytest.approx(first["cadence"] * 63 / 64, rel=1e-5)

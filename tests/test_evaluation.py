@@ -4,14 +4,9 @@ import numpy as np
 import pytest
 import torch
 from tiny import (ClassDataset, Classifier, LMDataset, RegressionDataset, RegressionModel, TokenDataset, TokenTagger,
-                  lm_collate, pad_collate, tiny_gpt2)
+                  Stream, lm_collate, make_args, pad_collate, tiny_gpt2)
 
-from cadence import Trainer, TrainingArguments
-
-
-def make_args(out_dir, **kw):
-    return TrainingArguments(**{"output_dir": out_dir, "disable_tqdm": True, "save_strategy": "no",
-                                "report_to": "none", **kw})
+from cadence import Trainer
 
 
 def accuracy(eval_pred):
@@ -203,22 +198,31 @@ class BatchMetrics:
         return {}
 
 
-def test_batch_eval_metrics_per_batch_equals_accumulated(out_dir):
+@pytest.mark.parametrize("method, prefix", [("evaluate", "eval"), ("predict", "test")])
+def test_batch_eval_metrics_per_batch_equals_accumulated(out_dir, method, prefix):
+    """evaluate() and predict() call compute_metrics per batch (compute_result on the last) and get the metrics
+    of one call over all batches; predict() still returns every prediction."""
     ds = TokenDataset(10)
+
+    def run(trainer):  # the metrics, and predict()'s whole output
+        out = getattr(trainer, method)(ds)
+        return (out, None) if method == "evaluate" else (out.metrics, out)
+
     metric = BatchMetrics()
-    trainer = Trainer(TokenTagger(), make_args(out_dir, per_device_eval_batch_size=4, batch_eval_metrics=True),
-                      data_collator=pad_collate, compute_metrics=metric)
-    per_batch = trainer.evaluate(ds)
+    per_batch, out = run(Trainer(TokenTagger(), make_args(out_dir, per_device_eval_batch_size=4, batch_eval_metrics=True),
+                                 data_collator=pad_collate, compute_metrics=metric))
     assert metric.calls == [False, False, True]
 
     def whole(p):
         keep = p.label_ids != -100
         return {"accuracy": float((p.predictions.argmax(-1)[keep] == p.label_ids[keep]).mean())}
 
-    accumulated = Trainer(TokenTagger(), make_args(out_dir, per_device_eval_batch_size=4), data_collator=pad_collate,
-                          compute_metrics=whole).evaluate(ds)
-    assert per_batch["eval_accuracy"] == pytest.approx(accumulated["eval_accuracy"], rel=1e-12)
-    assert per_batch["eval_loss"] == pytest.approx(accumulated["eval_loss"], rel=1e-12)
+    accumulated, _ = run(Trainer(TokenTagger(), make_args(out_dir, per_device_eval_batch_size=4),
+                                 data_collator=pad_collate, compute_metrics=whole))
+    assert per_batch[f"{prefix}_accuracy"] == pytest.approx(accumulated[f"{prefix}_accuracy"], rel=1e-12)
+    assert per_batch[f"{prefix}_loss"] == pytest.approx(accumulated[f"{prefix}_loss"], rel=1e-12)
+    if out is not None:
+        assert out.predictions.shape[0] == 10 and out.label_ids.shape[0] == 10
 
 
 def test_compute_metrics_error_names_itself(out_dir):
@@ -248,16 +252,6 @@ def test_gpt2_style_lm_head_shifts_labels():
     assert loss_shifts_labels(model) is True and loss_shifts_labels(Classifier()) is False
 
 
-def test_predict_with_batch_eval_metrics_returns_predictions_and_per_batch_metrics(out_dir):
-    ds = TokenDataset(10)
-    metric = BatchMetrics()
-    trainer = Trainer(TokenTagger(), make_args(out_dir, per_device_eval_batch_size=4, batch_eval_metrics=True),
-                      data_collator=pad_collate, compute_metrics=metric)
-    out = trainer.predict(ds)
-    assert metric.calls == [False, False, True] and "test_accuracy" in out.metrics
-    assert out.predictions.shape[0] == 10 and out.label_ids.shape[0] == 10
-
-
 def test_eval_batch_sampler_gives_whole_batches_in_dataset_order():
     from cadence.data import EvalBatchSampler
 
@@ -273,18 +267,10 @@ def test_eval_batch_sampler_gives_whole_batches_in_dataset_order():
 
 def test_iterable_eval_on_several_processes_is_refused(tmp_path, monkeypatch):
     """Its padded last batch could not be told from real rows: a clear error instead of double-counted metrics."""
-    from torch.utils.data import IterableDataset
-
-    from cadence import Trainer, TrainingArguments
-    from tiny import RegressionDataset, RegressionModel
-
-    class Stream(IterableDataset):
-        def __iter__(self):
-            ds = RegressionDataset(8)
-            return (ds[i] for i in range(len(ds)))
+    from cadence import TrainingArguments
 
     trainer = Trainer(RegressionModel(), TrainingArguments(str(tmp_path), disable_tqdm=True))
-    assert "eval_loss" in trainer.evaluate(Stream())  # one process: fine
+    assert "eval_loss" in trainer.evaluate(Stream(RegressionDataset(8)))  # one process: fine
     monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: 2))
     with pytest.raises(ValueError, match="iterable dataset with 2 processes is not supported"):
-        trainer.evaluate(Stream())
+        trainer.evaluate(Stream(RegressionDataset(8)))

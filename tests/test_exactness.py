@@ -8,16 +8,12 @@ from collections import UserDict
 
 import pytest
 import torch
-from tiny import LMDataset, RegressionDataset, RegressionModel, TokenDataset, TokenTagger, pad_collate, tiny_gpt2
+from tiny import (LMDataset, RegressionDataset, RegressionModel, TokenDataset, TokenTagger, make_args, pad_collate,
+                  tiny_gpt2)
 
-from cadence import Trainer, TrainingArguments
+from cadence import Trainer
 
 transformers = pytest.importorskip("transformers")
-
-
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none")
-    return TrainingArguments(**{**base, **kw})
 
 
 # ---------------------------------------------------------------- 1. Mapping batches

@@ -24,7 +24,7 @@ datasets = pytest.importorskip("datasets")
 from safetensors.torch import load_file  # noqa: E402
 
 from test_example_script import SPEED, read  # noqa: E402
-from tiny import word_tokenizer  # noqa: E402
+from tiny import args_with, word_tokenizer  # noqa: E402
 
 # Two libraries, the same float32 model and batches: the same sums, at most in another order (fused AdamW,
 # loss reductions), so values agree to a few float32 ulps amplified over 12 optimizer steps. 1e-5 relative
@@ -47,13 +47,9 @@ def sentences(n: int, seed: int):
     return datasets.Dataset.from_list(rows)
 
 
-def args(lib, out, **extra):
-    options = dict(
-        output_dir=str(out), do_train=True, do_eval=True, per_device_train_batch_size=4, per_device_eval_batch_size=8,
-        gradient_accumulation_steps=2, num_train_epochs=2, learning_rate=1e-3, warmup_steps=2, logging_steps=2,
-        eval_strategy="steps", eval_steps=4, save_strategy="no", report_to="none", use_cpu=True, seed=7,
-        disable_tqdm=True)
-    return lib.TrainingArguments(**{**options, **extra})
+make_args = args_with(do_train=True, do_eval=True, per_device_train_batch_size=4, per_device_eval_batch_size=8,
+                      gradient_accumulation_steps=2, num_train_epochs=2, learning_rate=1e-3, warmup_steps=2,
+                      logging_steps=2, eval_strategy="steps", eval_steps=4, use_cpu=True, seed=7)
 
 
 def tiny_bert(task: str, num_labels: int):
@@ -78,7 +74,7 @@ def run_glue(lib_name: str, out, **extra):
     from transformers import DataCollatorWithPadding
 
     lib = importlib.import_module(lib_name)
-    training_args = args(lib, out, **extra)
+    training_args = make_args(out, lib, **extra)
     lib.set_seed(training_args.seed)
     tokenizer = word_tokenizer()
     raw = {"train": sentences(N_TRAIN, 0), "validation": sentences(N_EVAL, 1)}
@@ -102,7 +98,7 @@ def run_ner(lib_name: str, out, **extra):
     from transformers import DataCollatorForTokenClassification
 
     lib = importlib.import_module(lib_name)
-    training_args = args(lib, out, **extra)
+    training_args = make_args(out, lib, **extra)
     lib.set_seed(training_args.seed)
     tokenizer = word_tokenizer()
     raw = {"train": sentences(N_TRAIN, 2), "validation": sentences(N_EVAL, 3)}

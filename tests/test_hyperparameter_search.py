@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence import Trainer, TrainerCallback
 from cadence.trainer_utils import BestRun, default_compute_objective
-from tiny import RegressionDataset, RegressionModel
+from tiny import RegressionDataset, RegressionModel, args_with
 
 optuna = pytest.importorskip("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -25,10 +25,8 @@ def model_init(trial=None):
     return RegressionModel()
 
 
-def make_args(out, **kw) -> TrainingArguments:
-    base = dict(per_device_train_batch_size=8, num_train_epochs=2, eval_strategy="epoch", save_strategy="epoch",
-                disable_tqdm=True, logging_strategy="no", seed=3)
-    return TrainingArguments(str(out), **{**base, **kw})
+make_args = args_with(per_device_train_batch_size=8, num_train_epochs=2, eval_strategy="epoch", save_strategy="epoch",
+                      logging_strategy="no", seed=3)
 
 
 def listed(values: list[dict]):

@@ -5,19 +5,15 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import LMDataset, TokenDataset, TokenTagger, lm_collate, pad_collate, tiny_gpt2
+from tiny import LMDataset, TokenDataset, TokenTagger, args_with, lm_collate, pad_collate, tiny_gpt2
 
-from cadence import Trainer, TrainingArguments
+from cadence import Trainer
 
 EPS = 0.1
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
-                label_smoothing_factor=EPS, train_sampling_strategy="sequential", max_steps=1, logging_steps=1,
-                per_device_train_batch_size=4)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(use_cpu=True, label_smoothing_factor=EPS, train_sampling_strategy="sequential", max_steps=1,
+                      logging_steps=1, per_device_train_batch_size=4)
 
 
 def first_step_loss(trainer):

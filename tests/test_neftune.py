@@ -4,18 +4,15 @@ import math
 
 import pytest
 import torch
-from tiny import LMDataset, RegressionDataset, RegressionModel, lm_collate, tiny_gpt2
+from tiny import LMDataset, RegressionDataset, RegressionModel, args_with, lm_collate, tiny_gpt2
 
 from cadence import Trainer, TrainerCallback, TrainingArguments
 
 ALPHA = 5.0
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
-                neftune_noise_alpha=ALPHA, max_steps=2, per_device_train_batch_size=4, logging_steps=1)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(use_cpu=True, neftune_noise_alpha=ALPHA, max_steps=2, per_device_train_batch_size=4,
+                      logging_steps=1)
 
 
 class _Probe(TrainerCallback):

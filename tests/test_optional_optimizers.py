@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from tiny import RegressionDataset, RegressionModel
+from tiny import FeatureDataset, RegressionDataset, RegressionModel, args_with
 
 from cadence import Trainer, TrainingArguments
 from cadence import optimization as co
@@ -14,9 +14,7 @@ from cadence import optimization as co
 OPTIONAL = sorted(co._OPTIONAL_PACKAGES)
 
 
-def make_args(out_dir, optim):
-    return TrainingArguments(output_dir=out_dir, optim=optim, max_steps=3, learning_rate=1e-2, disable_tqdm=True,
-                             save_strategy="no", report_to="none", use_cpu=True, logging_steps=1)
+make_args = args_with(max_steps=3, learning_rate=1e-2, use_cpu=True, logging_steps=1)
 
 
 @pytest.mark.parametrize("optim", OPTIONAL)
@@ -24,7 +22,7 @@ def test_missing_package_is_named_at_trainer_creation(out_dir, monkeypatch, opti
     module, pip = co._OPTIONAL_PACKAGES[optim]
     monkeypatch.setitem(sys.modules, module, None)  # absent, even where installed
     with pytest.raises(ValueError, match=rf"optim='{optim}'") as error:
-        Trainer(RegressionModel(), make_args(out_dir, optim), train_dataset=RegressionDataset(8))
+        Trainer(RegressionModel(), make_args(out_dir, optim=optim), train_dataset=RegressionDataset(8))
     assert f"`{module}`" in str(error.value) and pip in str(error.value)
 
 
@@ -37,7 +35,7 @@ def test_installed_package_trains(out_dir, optim):
     if not _installed(optim):
         pytest.skip(f"{co._OPTIONAL_PACKAGES[optim][0]} is not installed here")
     model = RegressionModel()
-    trainer = Trainer(model, make_args(out_dir, optim), train_dataset=RegressionDataset(16))
+    trainer = Trainer(model, make_args(out_dir, optim=optim), train_dataset=RegressionDataset(16))
     trainer.train()
     assert type(trainer.optimizer).__module__.startswith(co._OPTIONAL_PACKAGES[optim][0])
     assert model.a.item() != 0.0 and all(torch.isfinite(p).all() for p in model.parameters())
@@ -56,18 +54,6 @@ class Wide(torch.nn.Module):
         return (torch.nn.functional.mse_loss(y, labels), y)
 
 
-class WideData(torch.utils.data.Dataset):
-    def __init__(self):
-        g = torch.Generator().manual_seed(1)
-        self.x, self.y = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)
-
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
 def test_adamw_bnb_8bit_trains_like_a_plain_loop(out_dir):
     """A Trainer with optim="adamw_bnb_8bit" equals a plain loop over bitsandbytes' AdamW8bit (same
     batches in order, no shuffling), and its states really are 8-bit."""
@@ -79,7 +65,7 @@ def test_adamw_bnb_8bit_trains_like_a_plain_loop(out_dir):
                              learning_rate=1e-2, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=0.0,
                              disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True,
                              train_sampling_strategy="sequential")
-    model, data = Wide(), WideData()
+    model, data = Wide(), FeatureDataset(16, 64, label_shape=(64,), seed=1)
     trainer = Trainer(model, args, train_dataset=data)
     trainer.train()
     assert type(trainer.optimizer).__name__ == "AdamW" and trainer.optimizer.state[model.lin.weight]["state1"].dtype == torch.uint8

@@ -6,16 +6,13 @@ import os
 
 import pytest
 import torch
-from tiny import LMDataset, TokenDataset, TokenTagger, lm_collate, pad_collate, tiny_gpt2
+from tiny import LMDataset, TokenDataset, TokenTagger, args_with, lm_collate, pad_collate, tiny_gpt2
 
-from cadence import Trainer, TrainerCallback, TrainingArguments
+from cadence import Trainer, TrainerCallback
 from cadence import backend as backend_module
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none", use_cpu=True)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(use_cpu=True)
 
 
 def _losses(trainer):

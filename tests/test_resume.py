@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from tiny import RegressionDataset, RegressionModel, TokenDataset, TokenTagger, pad_collate, stop_at
+from tiny import RegressionDataset, RegressionModel, Stream, TokenDataset, TokenTagger, args_with, pad_collate, stop_at
 from torch import nn
 
 from cadence import EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
@@ -44,12 +44,8 @@ class CountingDataset(TokenDataset):
         return super().__getitem__(i)
 
 
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, report_to="none", per_device_train_batch_size=2,
-                gradient_accumulation_steps=2, num_train_epochs=3, learning_rate=0.05, logging_steps=4,
-                save_strategy="steps", save_steps=500, seed=7)
-    base.update(kw)
-    return TrainingArguments(**base)
+make_args = args_with(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=3,
+                      learning_rate=0.05, logging_steps=4, save_strategy="steps", save_steps=500, seed=7)
 
 
 def train(out_dir, stop=None, resume=None, dataset=None, callbacks=(), **kw):
@@ -295,12 +291,6 @@ def test_demo_resumes_from_its_newest_checkpoint(tmp_path, capsys, caplog):
     assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-1"]
 
 
-class Stream(torch.utils.data.IterableDataset):
-    def __iter__(self):
-        ds = RegressionDataset(64)
-        return (ds[i] for i in range(len(ds)))
-
-
 class SeenX(RegressionModel):
     """RegressionModel that records the inputs it trains on."""
 
@@ -317,7 +307,7 @@ def test_iterable_dataset_resume_with_ignore_data_skip_restarts_the_stream(tmp_p
     def run(out, **kw):
         args = TrainingArguments(output_dir=out, disable_tqdm=True, report_to="none", max_steps=6, save_steps=3,
                                  per_device_train_batch_size=4, **kw)
-        trainer = Trainer(SeenX(), args, train_dataset=Stream(), callbacks=[stop_at(3)])
+        trainer = Trainer(SeenX(), args, train_dataset=Stream(RegressionDataset(64)), callbacks=[stop_at(3)])
         return trainer, trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-3") if kw else None)
 
     out = str(tmp_path / "run")

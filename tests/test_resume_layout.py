@@ -150,18 +150,8 @@ def test_checkpoint_without_layout_keys_is_read_from_its_arguments(tmp_path, cap
     assert resumed == reference[8:]
 
 
-class Stream(torch.utils.data.IterableDataset):
-    """A stream without state_dict(): its trained samples are read again and dropped on resume."""
-
-    def __iter__(self):
-        from tiny import RegressionDataset
-
-        ds = RegressionDataset(64)
-        return (ds[i] for i in range(len(ds)))
-
-
 def test_stream_resume_with_another_batch_continues_after_the_trained_samples(tmp_path, caplog):
-    from tiny import RegressionModel
+    from tiny import RegressionDataset, RegressionModel, Stream
 
     from cadence.data import default_data_collator
 
@@ -174,7 +164,7 @@ def test_stream_resume_with_another_batch_continues_after_the_trained_samples(tm
 
         args = TrainingArguments(output_dir=out, disable_tqdm=True, report_to="none", max_steps=8, save_steps=3,
                                  per_device_train_batch_size=batch)
-        trainer = Trainer(RegressionModel(), args, train_dataset=Stream(), data_collator=collate,
+        trainer = Trainer(RegressionModel(), args, train_dataset=Stream(RegressionDataset(64)), data_collator=collate,
                           callbacks=[stop_at(stop)] if stop else [])
         trainer.train(resume_from_checkpoint=resume)
         return seen
@@ -183,7 +173,7 @@ def test_stream_resume_with_another_batch_continues_after_the_trained_samples(tm
     first = stream_run(out, 4, stop=3)
     caplog.set_level(logging.WARNING, logger="cadence")
     resumed = stream_run(out, 2, resume=True)
-    rows = [float(r["input_x"]) for r in Stream()]
+    rows = [float(r["input_x"]) for r in Stream(RegressionDataset(64))]
     assert first == rows[:12]
     assert resumed[12:] == rows[12:22]  # 12 samples read again and dropped (6 batches of 2), then 5 steps of 2
     assert WARNING in caplog.text

@@ -6,16 +6,9 @@ import os
 
 import pytest
 import torch
-from tiny import LMDataset, RegressionDataset, RegressionModel, TokenDataset, TokenTagger, pad_collate
-from torch.utils.data import IterableDataset
+from tiny import LMDataset, RegressionDataset, RegressionModel, Stream, TokenDataset, TokenTagger, make_args, pad_collate
 
-from cadence import Trainer, TrainerCallback, TrainingArguments
-
-
-def make_args(out_dir, **kw):
-    base = dict(output_dir=out_dir, disable_tqdm=True, save_strategy="no", report_to="none")
-    base.update(kw)
-    return TrainingArguments(**base)
+from cadence import Trainer, TrainerCallback
 
 
 def test_regression_learns(out_dir):
@@ -181,16 +174,10 @@ def test_eval_strategy_without_eval_dataset_is_refused(out_dir):
         Trainer(RegressionModel(), make_args(out_dir, eval_strategy="steps", eval_steps=2), train_dataset=RegressionDataset(8))
 
 
-class Stream(IterableDataset):
-    def __iter__(self):
-        ds = RegressionDataset(1000)
-        return (ds[i] for i in range(len(ds)))
-
-
 def test_iterable_dataset_needs_max_steps(out_dir):
     with pytest.raises(ValueError, match="max_steps"):
-        Trainer(RegressionModel(), make_args(out_dir), train_dataset=Stream())
-    trainer = Trainer(RegressionModel(), make_args(out_dir, max_steps=7), train_dataset=Stream())
+        Trainer(RegressionModel(), make_args(out_dir), train_dataset=Stream(RegressionDataset(1000)))
+    trainer = Trainer(RegressionModel(), make_args(out_dir, max_steps=7), train_dataset=Stream(RegressionDataset(1000)))
     assert trainer.train().global_step == 7
 
 

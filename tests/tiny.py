@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 
 class RegressionDataset(Dataset):
@@ -206,3 +209,60 @@ def stop_at(step: int):
                 control.should_training_stop = True
 
     return StopAt()
+
+
+class BlockDataset(Dataset):
+    """Token blocks of one length whose labels are the inputs (a language-modeling script's grouped texts)."""
+
+    def __init__(self, length: int, block: int = 64, vocab: int = 64, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, vocab, (length, block), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class FeatureDataset(Dataset):
+    """Rows {"x": ``features`` normal values, "labels": normal targets of shape ``label_shape``}."""
+
+    def __init__(self, length: int, features: int, label_shape: tuple = (), seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(length, features, generator=g)
+        self.y = torch.randn(length, *label_shape, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def make_args(output_dir, lib=None, /, **overrides):
+    """``TrainingArguments`` for a test: no progress bar, no trackers, no checkpoints, unless overridden
+    (``output_dir`` too).
+
+    ``lib`` is ``cadence`` (the default) or ``transformers``, for runs compared across the two.
+    """
+    if lib is None:
+        import cadence as lib
+
+    base = dict(output_dir=str(output_dir), disable_tqdm=True, save_strategy="no", report_to="none")
+    return lib.TrainingArguments(**{**base, **overrides})
+
+
+def args_with(**defaults) -> Callable:
+    """``make_args`` with a test file's own defaults, each still overridable per call."""
+    return functools.partial(make_args, **defaults)
+
+
+class Stream(IterableDataset):
+    """A map-style dataset's rows as a stream: no ``__len__``, no ``state_dict`` (a resume skips by reading)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return (self.dataset[i] for i in range(len(self.dataset)))

@@ -12,8 +12,9 @@
   longest sample; a batch that cannot be made is an error naming the field and the sample.
 - Columns the model's ``forward`` does not accept are dropped: with the column API for Hugging
   Face ``datasets`` (imported only if the caller already did), in the collator otherwise.
-- Resuming a stream (restoring its position from ``state_dict`` when it has one, else skipping)
-  belongs with the checkpoint code and is not built here yet.
+- Resuming a stream: one with ``state_dict``/``load_state_dict`` read in the main process
+  (``stateful_stream``) continues from its saved position; any other is read again and its trained
+  batches dropped (``skip_stream``). The checkpoint code saves and restores the position.
 """
 
 from __future__ import annotations

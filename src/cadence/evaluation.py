@@ -15,7 +15,8 @@ here, so N processes give exactly the one-process predictions, labels and loss.
 
 Bounded memory: gathered predictions are moved to the CPU every ``eval_accumulation_steps`` steps
 (every step when unset), so the device holds at most that many batches of predictions; with
-``batch_eval_metrics`` nothing is kept at all. Host chunks are concatenated once, at the end.
+``batch_eval_metrics`` ``evaluate()`` keeps nothing at all (``predict()`` still returns its predictions).
+Host chunks are concatenated once, at the end.
 """
 
 from __future__ import annotations

@@ -356,8 +356,10 @@ class Trainer:
         shuffle = args.train_sampling_strategy != "sequential"
         return data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
 
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, description: str | None = None,
+    def _dataloader(self, dataset: Any, batch_size: int, description: str | None = None,
                     sampler: torch.utils.data.Sampler | None = None, evaluation: bool = False) -> DataLoader:
+        """A DataLoader over ``dataset``: evaluation in dataset order over processes, training with ``sampler``
+        (None, as ``_get_train_sampler`` gives for a stream: the DataLoader's own order, as transformers)."""
         args = self.args
         dataset, collate_fn = self._columns_for(dataset, description)
         kwargs: dict[str, Any] = dict(
@@ -389,18 +391,14 @@ class Trainer:
             del kwargs["batch_size"]
         elif sampler is not None:
             kwargs["sampler"] = sampler
-        elif not data.is_iterable_dataset(dataset):
-            seed = args.data_seed if args.data_seed is not None else args.seed
-            kwargs["sampler"] = data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
         return DataLoader(dataset, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
         """The training dataloader: shuffled per epoch with ``(data_seed or seed) + epoch``, sharded by process."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass train_dataset=... to Trainer")
-        shuffle = self.args.train_sampling_strategy != "sequential"
         sampler = self._get_train_sampler(self.train_dataset)
-        return self._dataloader(self.train_dataset, self.args.train_batch_size, shuffle, "training", sampler)
+        return self._dataloader(self.train_dataset, self.args.train_batch_size, "training", sampler)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         if isinstance(eval_dataset, str):
@@ -409,12 +407,12 @@ class Trainer:
         if eval_dataset is None:
             raise ValueError("evaluation needs an eval_dataset: pass it to Trainer or to evaluate()")
         data.check_dataset(eval_dataset, "eval_dataset")
-        return self._dataloader(eval_dataset, self.args.eval_batch_size, shuffle=False, description="evaluation",
+        return self._dataloader(eval_dataset, self.args.eval_batch_size, description="evaluation",
                                 evaluation=True)
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         data.check_dataset(test_dataset, "test_dataset")
-        return self._dataloader(test_dataset, self.args.eval_batch_size, shuffle=False, description="test",
+        return self._dataloader(test_dataset, self.args.eval_batch_size, description="test",
                                 evaluation=True)
 
     # ------------------------------------------------------------------ optimizer and scheduler
@@ -453,6 +451,8 @@ class Trainer:
                 the sampler, nothing is loaded twice), logged-loss sums and ``TrainerState``. With another
                 batch size or number of processes it continues after the samples already trained (not
                 bit-identical, a warning says so); a PEFT model loads its adapter.
+            trial: a hyperparameter-search trial (``hyperparameter_search`` passes it): the model comes from
+                ``model_init(trial)``, ``trainer_state.json`` records its parameters, evaluations report to it.
             ignore_keys_for_eval: output keys to leave out of predictions during evaluation.
 
         Example:
@@ -1013,7 +1013,8 @@ class Trainer:
 
         Args:
             logs: the values to log.
-            start_time: when training started (unused; HF's signature).
+            start_time: when training started; with ``include_num_input_tokens_seen``, the logs also get
+                ``train_runtime`` and ``train_tokens_per_second`` over the tokens seen since this run began.
         """
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
@@ -1201,18 +1202,9 @@ class Trainer:
             for name, ds in eval_dataset.items():
                 metrics.update(self.evaluate(ds, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        start = time.time()
-        while True:  # auto_find_batch_size: halve the eval batch after an out-of-memory error
-            try:
-                dataloader = self.get_eval_dataloader(eval_dataset)
-                # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
-                output = self.evaluation_loop(dataloader, "Evaluation", True if self.compute_metrics is None else None,
-                                              ignore_keys, metric_key_prefix)
-                break
-            except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
-                self._shrink_eval_batch(error)
-        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
-                                            num_steps=math.ceil(output.num_samples / (self.args.eval_batch_size * self.args.world_size))))
+        # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
+        output = self._timed_evaluation_loop(lambda: self.get_eval_dataloader(eval_dataset), "Evaluation",
+                                             True if self.compute_metrics is None else None, ignore_keys, metric_key_prefix)
         self.log(output.metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
         return output.metrics
@@ -1224,18 +1216,27 @@ class Trainer:
             >>> out = trainer.predict(test_ds)
             >>> out.predictions.shape
         """
+        output = self._timed_evaluation_loop(lambda: self.get_test_dataloader(test_dataset), "Prediction", None,
+                                             ignore_keys, metric_key_prefix)
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
+        return PredictionOutput(output.predictions, output.label_ids, output.metrics)
+
+    def _timed_evaluation_loop(self, make_dataloader: Callable[[], DataLoader], description: str,
+                               prediction_loss_only: bool | None, ignore_keys: list[str] | None,
+                               metric_key_prefix: str) -> EvalLoopOutput:
+        """``evaluation_loop`` over a fresh ``make_dataloader()``, retried with a halved eval batch after an
+        out-of-memory error (``auto_find_batch_size``); its metrics gain the speed metrics of the whole call."""
         start = time.time()
-        while True:  # auto_find_batch_size: halve the eval batch after an out-of-memory error
+        while True:
             try:
-                dataloader = self.get_test_dataloader(test_dataset)
-                output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
+                output = self.evaluation_loop(make_dataloader(), description, prediction_loss_only, ignore_keys,
+                                              metric_key_prefix)
                 break
             except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
                 self._shrink_eval_batch(error)
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
                                             num_steps=math.ceil(output.num_samples / (self.args.eval_batch_size * self.args.world_size))))
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
-        return PredictionOutput(output.predictions, output.label_ids, output.metrics)
+        return output
 
     def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:

@@ -208,7 +208,8 @@ class TrainerState:
             setattr(self, f"{kind}_steps", steps)
 
     def init_training_references(self, trainer, max_steps: int, num_train_epochs: int, trial) -> None:
-        """Record run-level facts at the start of training.
+        """Record run-level facts at the start of training (transformers' method, for code that calls it;
+        cadence's Trainer builds its state in ``train()`` itself).
 
         Args:
             trainer: gives ``is_local_process_zero()``, ``is_world_process_zero()`` and,
@@ -261,8 +262,9 @@ def _trial_params(trial) -> dict:
 class TrainerControl(ExportableState):
     """Switches callbacks set to ask the Trainer to act; the Trainer and handler reset them.
 
-    ``should_training_stop`` stays set; ``should_epoch_stop`` is reset at each epoch begin;
-    ``should_save``/``should_evaluate``/``should_log`` at each step begin.
+    The handler resets through the ``_new_*`` methods (transformers' names): ``should_training_stop``
+    at train begin (``_new_training``), ``should_epoch_stop`` at each epoch begin (``_new_epoch``),
+    ``should_save``/``should_evaluate``/``should_log`` at each step begin (``_new_step``).
     """
 
     should_training_stop: bool = False
@@ -531,23 +533,21 @@ class CallbackHandler(TrainerCallback):
         return self._dispatch("on_init_end", args, state, control, kwargs)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        control.should_training_stop = False
+        control._new_training()
         return self._dispatch("on_train_begin", args, state, control, kwargs)
 
     def on_train_end(self, args, state, control, **kwargs):
         return self._dispatch("on_train_end", args, state, control, kwargs)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        control.should_epoch_stop = False
+        control._new_epoch()
         return self._dispatch("on_epoch_begin", args, state, control, kwargs)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         return self._dispatch("on_epoch_end", args, state, control, kwargs)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        control.should_log = False
-        control.should_evaluate = False
-        control.should_save = False
+        control._new_step()
         return self._dispatch("on_step_begin", args, state, control, kwargs)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -627,13 +627,6 @@ class DefaultFlowCallback(TrainerCallback):
         return control
 
 
-def _has_length(obj) -> bool:
-    try:
-        return len(obj) is not None
-    except (TypeError, AttributeError):  # unsized, or a dataset whose __len__ raises AttributeError
-        return False
-
-
 def _short_logs(logs: dict, max_str_len: int | None = None) -> dict:
     """Logs for display: floats to 4 significant digits, long strings replaced, no total_flos."""
     shown = {}
@@ -680,7 +673,9 @@ class ProgressCallback(TrainerCallback):
             self.current_step = state.global_step
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-        if state.is_world_process_zero and _has_length(eval_dataloader):
+        from .trainer_utils import has_length  # here, not at the top: this module does not import torch
+
+        if state.is_world_process_zero and has_length(eval_dataloader):
             if self.prediction_bar is None:
                 from tqdm.auto import tqdm
 

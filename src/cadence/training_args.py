@@ -114,6 +114,10 @@ _LOG_LEVELS = {
 }
 
 
+# The help text's end for a field whose feature is in _NOT_YET_BUILT (a value other than the default is refused).
+_NOT_BUILT = " Not built in cadence: setting it raises a ValueError."
+
+
 def _help(text: str, **argparse_options: Any) -> dict[str, Any]:
     # Only argparse keywords may go in the metadata: HfArgumentParser passes it to add_argument.
     return {"help": text, **argparse_options}
@@ -175,7 +179,7 @@ class TrainingArguments:
     adam_beta2: float = field(default=0.999, metadata=_help("Adam's decay rate of the second-moment average."))
     adam_epsilon: float = field(default=1e-8, metadata=_help("Adam's denominator term that avoids dividing by 0."))
     optim_target_modules: None | str | list[str] = field(
-        default=None, metadata=_help("Module names that GaLore/APOLLO-style optimizers apply to. Not built yet.")
+        default=None, metadata=_help("Module names that GaLore/APOLLO-style optimizers apply to." + _NOT_BUILT)
     )
 
     # --- Gradients ---
@@ -267,7 +271,7 @@ class TrainingArguments:
     torch_compile_mode: str | None = field(
         default=None, metadata=_help("torch.compile mode (e.g. 'reduce-overhead'); setting it implies torch_compile.")
     )
-    use_liger_kernel: bool = field(default=False, metadata=_help("Patch the model with Liger kernels. Not built yet."))
+    use_liger_kernel: bool = field(default=False, metadata=_help("Patch the model with Liger kernels." + _NOT_BUILT))
     liger_kernel_config: dict[str, bool] | None = field(
         default=None, metadata=_help("Which Liger kernels to apply; only read with use_liger_kernel.")
     )
@@ -369,10 +373,10 @@ class TrainingArguments:
     eval_on_start: bool = field(default=False, metadata=_help("Evaluate once before the first training step."))
     eval_do_concat_batches: bool = field(
         default=True,
-        metadata=_help("Concatenate predictions across batches (False keeps a list per batch: not built yet)."),
+        metadata=_help("Concatenate predictions across batches (False: a list with one entry per batch)."),
     )
     eval_use_gather_object: bool = field(
-        default=False, metadata=_help("Gather non-tensor outputs from all processes. Not built yet.")
+        default=False, metadata=_help("Gather non-tensor outputs from all processes." + _NOT_BUILT)
     )
     eval_accumulation_steps: int | None = field(
         default=None,
@@ -380,10 +384,10 @@ class TrainingArguments:
     )
     include_for_metrics: list[str] = field(
         default_factory=list,
-        metadata=_help("Extra data for compute_metrics: 'inputs' and/or 'loss'. Not built yet."),
+        metadata=_help("Extra data for compute_metrics: 'inputs' (EvalPrediction.inputs) and/or 'loss' (.losses)."),
     )
     batch_eval_metrics: bool = field(
-        default=False, metadata=_help("Call compute_metrics on every batch instead of once. Not built yet.")
+        default=False, metadata=_help("Call compute_metrics on every batch (compute_result=True on the last) instead of once at the end.")
     )
 
     # --- Checkpoints ---
@@ -396,7 +400,7 @@ class TrainingArguments:
     )
     save_strategy: SaveStrategy | str = field(
         default="steps",
-        metadata=_help("When to save: 'no', 'steps' (every save_steps), 'epoch' or 'best' (not built yet)."),
+        metadata=_help("When to save: 'no', 'steps' (every save_steps), 'epoch' or 'best' (when an evaluation improves)."),
     )
     save_steps: float = field(
         default=500,
@@ -437,7 +441,7 @@ class TrainingArguments:
     # --- Best model ---
     load_best_model_at_end: bool = field(
         default=False,
-        metadata=_help("Reload the best checkpoint (by metric_for_best_model) when training ends. Not built yet."),
+        metadata=_help("Reload the best checkpoint (by metric_for_best_model) when training ends."),
     )
     metric_for_best_model: str | None = field(
         default=None,
@@ -468,10 +472,10 @@ class TrainingArguments:
     # --- Devices and distribution ---
     use_cpu: bool = field(default=False, metadata=_help("Run on the CPU even when a GPU is available."))
     accelerator_config: dict | str | None = field(
-        default=None, metadata=_help("accelerate Accelerator options (dict, JSON string or file). Not built yet.")
+        default=None, metadata=_help("accelerate Accelerator options (dict, JSON string or file)." + _NOT_BUILT)
     )
     parallelism_config: Any | None = field(
-        default=None, metadata=_help("accelerate ParallelismConfig for tensor/context parallelism. Not built yet.")
+        default=None, metadata=_help("accelerate ParallelismConfig for tensor/context parallelism." + _NOT_BUILT)
     )
 
     # --- Data loading ---
@@ -506,7 +510,7 @@ class TrainingArguments:
         default="random",
         metadata=_help(
             "Training sampler: 'random', 'sequential', 'group_by_length' (samples of similar length batched "
-            "together) or 'batch_rebalance' (not built yet).",
+            "together) or 'batch_rebalance' (not built in cadence: it raises a ValueError).",
             choices=["random", "sequential", "group_by_length", "batch_rebalance"],
         ),
     )
