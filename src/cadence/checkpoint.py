@@ -1,5 +1,12 @@
 """Checkpoints in Hugging Face's layout: written atomically, read safely, resumed exactly.
 
+The Trainer calls one pair: :func:`save` ``(folder, objects, backend, args)`` writes named objects
+(model, optimizer, scheduler, scaler, loop state, stream state, ``TrainerState`` and the callbacks'
+states) and rotates; :func:`load` ``(folder, objects, backend, args)`` restores them in place and
+returns the :class:`ResumePoint` whose ``start_epoch`` continues the data and the RNGs. Only the
+weights are loaded apart (``Backend.load_model_weights``, before the optimizer exists), and the best
+model at the end of training.
+
 A checkpoint is written into ``tmp-checkpoint-N/``, every file flushed and fsynced, and only then
 renamed to ``checkpoint-N/``: a folder with that name is always complete (``get_last_checkpoint``
 also requires ``trainer_state.json``, written last). Rotation keeps the newest checkpoints and the

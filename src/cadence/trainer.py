@@ -28,12 +28,11 @@ from torch.utils.data import DataLoader, Dataset
 from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
 from .backend import Backend
-from .loop_state import BatchLayout, LoopState, data_identity
 from .integrations import registry as integrations
+from .loop_state import BatchLayout, LoopState, data_identity
 from .trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
-    ExportableState,
     PrinterCallback,
     ProgressCallback,
     TrainerCallback,
