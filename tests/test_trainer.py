@@ -205,10 +205,10 @@ def test_causal_lm_items_skip_position_zero():
 
 def test_nonfinite_count_survives_intermediate_folds(out_dir, monkeypatch):
     """Losses are folded into the running sums in chunks; the logged loss and count do not depend on it."""
-    from cadence import trainer as trainer_module
+    from cadence.loop_state import LoopState
 
     def logged(fold_every):
-        monkeypatch.setattr(trainer_module._RunningLoss, "FOLD_EVERY", fold_every)
+        monkeypatch.setattr(LoopState, "FOLD_EVERY", fold_every)
         t = Trainer(NaNAt(), make_args(out_dir, max_steps=4, logging_steps=4), train_dataset=RegressionDataset(32))
         t.train()
         return [h for h in t.state.log_history if "loss" in h][0]

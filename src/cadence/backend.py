@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 
 from . import checkpoint
+from .loop_state import BatchLayout
 
 logger = logging.getLogger(__name__)
 
@@ -830,7 +831,7 @@ class _FullyShard:
 _DS_FROM_ARGS: dict[str, Any] = {
     "train_micro_batch_size_per_gpu": lambda a: a.per_device_train_batch_size,
     "gradient_accumulation_steps": lambda a: a.gradient_accumulation_steps,
-    "train_batch_size": lambda a: a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size,
+    "train_batch_size": lambda a: BatchLayout.from_args(a).global_batch,
     "gradient_clipping": lambda a: a.max_grad_norm,
     "optimizer.params.lr": lambda a: a.learning_rate,
     "optimizer.params.betas": lambda a: [a.adam_beta1, a.adam_beta2],

@@ -1,5 +1,12 @@
 """Checkpoints in Hugging Face's layout: written atomically, read safely, resumed exactly.
 
+The Trainer calls one pair: :func:`save` ``(folder, objects, backend, args)`` writes named objects
+(model, optimizer, scheduler, scaler, loop state, stream state, ``TrainerState`` and the callbacks'
+states) and rotates; :func:`load` ``(folder, objects, backend, args)`` restores them in place and
+returns the :class:`ResumePoint` whose ``start_epoch`` continues the data and the RNGs. Only the
+weights are loaded apart (``Backend.load_model_weights``, before the optimizer exists), and the best
+model at the end of training.
+
 A checkpoint is written into ``tmp-checkpoint-N/``, every file flushed and fsynced, and only then
 renamed to ``checkpoint-N/``: a folder with that name is always complete (``get_last_checkpoint``
 also requires ``trainer_state.json``, written last). Rotation keeps the newest checkpoints and the
@@ -45,7 +52,9 @@ Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -57,13 +66,14 @@ import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from . import backend
-from .trainer_callback import TrainerCallback
+from .loop_state import BatchLayout
+from .trainer_callback import ExportableState, TrainerCallback, TrainerState
 from .trainer_utils import CHECKPOINT_DIR_RE, has_length, sorted_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -633,12 +643,27 @@ class ResumePoint:
     loop: dict | None
     stream_state: dict | None = None
 
+    def start_epoch(self, dataloader: Any, begin_epoch: Callable[[], None]) -> Iterator:
+        """The resumed epoch's batch iterator (its sampler already set past the trained batches), with
+        ``begin_epoch()`` (the epoch's events) called in between, and the RNGs set where the saving run was.
 
-def data_identity(dataset: Any) -> dict[str, Any]:
-    """What ``loop_state.json`` keeps of the training data to recognise it on resume: its length and,
-    for a ``datasets.Dataset``, its fingerprint (None where there is none)."""
-    return {"num_samples": len(dataset) if has_length(dataset) else None,
-            "fingerprint": getattr(dataset, "_fingerprint", None)}
+        A save between epochs had not yet fired the epoch's events nor drawn its iterator's seeds: the RNGs
+        are restored before both. A save inside the epoch came after them: restored once the iterator exists.
+        A stream continues from its saved state, or, without ``state_dict()``, reads its trained batches again.
+        """
+        from . import data
+
+        if self.stream_state is not None:
+            data.stateful_stream(dataloader).load_state_dict(self.stream_state)
+        if not self.skip_batches:
+            restore_rng_state(self.rng)
+        begin_epoch()
+        batches = iter(dataloader)
+        if self.skip_batches:
+            if not has_length(dataloader):
+                data.skip_stream(batches, self.skip_batches)
+            restore_rng_state(self.rng)
+        return batches
 
 
 def _epoch_batches(num_samples: int, batch: int, world: int, drop_last: bool) -> int:
@@ -664,7 +689,7 @@ def _check_same_data(folder: Path, loop: dict, identity: dict, expected_batches:
         )
 
 
-def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any,
+def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any, layout: BatchLayout,
                  saved_args: dict | None = None, saved_batch_size: int | None = None,
                  identity: dict | None = None) -> ResumePoint:
     """Read the position, RNG and loop state of ``folder`` for this process, checking they fit this run.
@@ -674,9 +699,10 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         global_step: ``trainer_state.json``'s step.
         batches_per_epoch: micro-batches in one epoch of this run (None for an iterable dataset).
         args: this run's ``TrainingArguments``.
+        layout: this run's batch layout.
         saved_args: the checkpoint's arguments (:func:`load_training_args`), when readable.
         saved_batch_size: ``trainer_state.json``'s ``train_batch_size`` (all a transformers checkpoint says).
-        identity: this run's :func:`data_identity`.
+        identity: this run's data identity (``loop_state.data_identity``).
 
     A checkpoint written with another per-device batch, accumulation or number of processes
     continues after the samples that run trained (logged as a warning: not bit-identical).
@@ -686,47 +712,51 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     """
     loop = json.loads((folder / LOOP_STATE_NAME).read_text()) if (folder / LOOP_STATE_NAME).exists() else None
     saved_args, identity = saved_args or {}, identity or {}
-    ga, world, batch = args.gradient_accumulation_steps, args.world_size, args.train_batch_size
-    # the saving run's (per-device batch, accumulation, processes): loop_state.json, else its args and files
-    saved = ((loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size") or saved_batch_size or batch,
-             (loop or {}).get("gradient_accumulation_steps") or saved_args.get("gradient_accumulation_steps") or ga,
-             (loop or {}).get("world_size") or checkpoint_world_size(folder) or world)
-    same_layout = saved == (batch, ga, world)
+    # the saving run's layout: loop_state.json, else its args and files
+    saved = BatchLayout(
+        (loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size") or saved_batch_size
+        or layout.train_batch_size,
+        (loop or {}).get("gradient_accumulation_steps") or saved_args.get("gradient_accumulation_steps")
+        or layout.gradient_accumulation_steps,
+        (loop or {}).get("world_size") or checkpoint_world_size(folder) or layout.world_size)
+    world = layout.world_size
+    same_layout = saved == layout
     saved_epoch_batches = batches_per_epoch  # this data's batches per epoch in the saving run's layout
     if not same_layout and batches_per_epoch is not None and identity.get("num_samples") is not None:
-        saved_epoch_batches = _epoch_batches(identity["num_samples"], saved[0], saved[2], args.dataloader_drop_last)
+        saved_epoch_batches = _epoch_batches(identity["num_samples"], saved.train_batch_size, saved.world_size,
+                                             args.dataloader_drop_last)
     if loop is not None and not args.ignore_data_skip:
         _check_same_data(folder, loop, identity, saved_epoch_batches)
         epoch, skip = loop["epoch"], loop["batches_in_epoch"]
     elif batches_per_epoch is None:  # a stream: its trained batches cannot be skipped, only read again
-        epoch, skip = 0, 0 if args.ignore_data_skip else global_step * saved[1]
+        epoch, skip = 0, 0 if args.ignore_data_skip else global_step * saved.gradient_accumulation_steps
     else:  # transformers' rule: whole optimizer steps of ga batches into the epoch (of the saving run's layout)
-        steps_per_epoch = max(-(-saved_epoch_batches // saved[1]), 1)
+        steps_per_epoch = saved.steps_per_epoch(saved_epoch_batches)
         epoch = global_step // steps_per_epoch
-        skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * saved[1]
+        skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * saved.gradient_accumulation_steps
     if not same_layout:
-        skip = _rescale_position(folder, skip, saved, args, epoch, saved_epoch_batches, batches_per_epoch)
+        skip = _rescale_position(folder, skip, saved, layout, args, epoch, saved_epoch_batches, batches_per_epoch)
     stream_state = None
     if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
         stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
     rng_file = folder / rng_state_name(args.process_index, args.world_size)
-    same_world = saved[2] == world  # another count: another process's RNG is not ours
+    same_world = saved.world_size == world  # another count: another process's RNG is not ours
     rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() and same_world else None
     if rng is None and not same_world:
         logger.warning("checkpoint %s was written by %d process(es), this run has %d: the RNG states "
-                       "(dropout) are not restored", folder, saved[2], world)
+                       "(dropout) are not restored", folder, saved.world_size, world)
     elif rng is None:
         logger.warning("checkpoint %s has no %s: the RNGs are not restored, so the resumed run is not exact", folder, rng_file.name)
     return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop, stream_state=stream_state)
 
 
-def _rescale_position(folder: Path, skip: int, saved: tuple[int, int, int], args: Any, epoch: int,
+def _rescale_position(folder: Path, skip: int, saved: BatchLayout, layout: BatchLayout, args: Any, epoch: int,
                       saved_epoch_batches: int | None, batches_per_epoch: int | None) -> int:
     """The saving run's ``skip`` batches of the epoch as batches of this run: the samples they held
     (the sampler deals the epoch's order out to processes in turn, so ``skip x batch x processes``
     samples lead it), divided by this run's batch x processes and rounded down. Warns."""
-    batch, world = args.train_batch_size, args.world_size
-    seen = skip * saved[0] * saved[2]  # samples of the epoch's order already trained, all processes together
+    batch, world = layout.train_batch_size, layout.world_size
+    seen = skip * saved.train_batch_size * saved.world_size  # samples of the epoch's order already trained, all processes together
     if batches_per_epoch is not None and saved_epoch_batches is not None and skip >= saved_epoch_batches:
         new_skip, again = batches_per_epoch, 0  # the saving run had trained its whole epoch
     else:
@@ -740,7 +770,7 @@ def _rescale_position(folder: Path, skip: int, saved: tuple[int, int, int], args
         "of this run%s%s). The run continues where that one stopped but is no longer bit-identical to an unbroken one; "
         "global_step goes on counting this run's optimizer steps (as in transformers), so set max_steps to choose how many "
         "more to train",
-        folder, *saved, args.train_batch_size, args.gradient_accumulation_steps, world, seen, epoch, new_skip,
+        folder, *dataclasses.astuple(saved), *dataclasses.astuple(layout), seen, epoch, new_skip,
         f"; the last {again} samples are trained again, as they do not fill a batch here" if again else "",
         "; group_by_length orders the epoch by the global batch, so its order differs too"
         if getattr(args, "train_sampling_strategy", None) == "group_by_length" else "",
@@ -791,6 +821,161 @@ def restore_callback_states(handler: Any, control: Any, states: dict) -> Any:
         logger.warning("the checkpoint has states of callbacks this run does not use, ignored: %s", ", ".join(unmatched))
     handler.callbacks = callbacks
     return control
+
+
+# ---------------------------------------------------------------- the save/load pair
+
+# named object -> its file, in writing order; trainer_state.json is written after them all (it marks completeness)
+STATE_FILES = {"optimizer": OPTIMIZER_NAME, "scheduler": SCHEDULER_NAME, "loop_state": LOOP_STATE_NAME,
+               "stream": STREAM_STATE_NAME, "scaler": SCALER_NAME}
+# TrainerState fields a resumed run takes from its own arguments, not from the checkpoint
+_RUN_FIELDS = ("is_local_process_zero", "is_world_process_zero", "logging_steps", "eval_steps", "save_steps",
+               "train_batch_size", "max_steps", "num_train_epochs")
+
+
+def find_resume_folder(resume_from_checkpoint: str | os.PathLike | bool, args: Any, barrier: Callable[[], None]) -> Path:
+    """The checkpoint ``train(resume_from_checkpoint=...)`` continues from (:func:`resolve_checkpoint`), after
+    the main process removed what killed saves left in ``output_dir`` (never chosen); every process calls it."""
+    if args.should_save and os.path.isdir(args.output_dir):
+        remove_incomplete(args.output_dir)
+    barrier()  # so every process sees the same checkpoints
+    return resolve_checkpoint(resume_from_checkpoint, args.output_dir)
+
+
+def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args: Any) -> Path:
+    """Write the checkpoint ``folder`` from named objects, atomically, then rotate the older ones away.
+
+    Every process calls it, as a state may be a collective (FSDP gathers the weights or writes shards,
+    the loop's loss sums are reduced); each process writes its RNG file, the main one
+    (``args.should_save``) every other file, ``trainer_state.json`` last, and only once every process
+    agrees the folder is complete are incomplete folders and checkpoints beyond ``save_total_limit``
+    deleted (never the best one nor this one). With ``save_only_model`` only the weights, the arguments
+    and ``trainer_state.json`` are written.
+
+    Args:
+        folder: ``{output_dir}/checkpoint-{global_step}``.
+        objects: ``model`` (as trained: wrapped; its unwrapped module's weights are saved), ``processing_class``
+            (saved with the weights), ``optimizer``, ``scheduler``, ``scaler``, ``loop_state``, ``stream``
+            (each saved through its ``state_dict()`` into the file of :data:`STATE_FILES`; None: nothing),
+            ``trainer_state``, and ``callbacks`` (the handler) and ``control``, whose states go into it.
+        backend: the run's ``Backend`` (the model's and optimizer's states, barriers).
+        args: the run's ``TrainingArguments`` (also saved, as ``training_args.bin`` and ``.json``).
+
+    Returns:
+        ``folder``.
+
+    Example:
+        >>> checkpoint.save(Path("out/checkpoint-10"), {"model": model, "optimizer": opt, ...}, backend, args)
+    """
+    folder = Path(folder)
+    tmp = staging_folder(folder)
+    full = not args.save_only_model
+    if args.should_save:  # every process puts its files into the staging folder first
+        prepare_staging(folder)
+    backend.barrier()
+    if full:
+        save_rng_state(folder, args.process_index, args.world_size)
+    # every process, in the same order (collectives): under FSDP gathered to the main process, or written as shards
+    model = objects["model"]
+    states = {"model": backend.model_state_dict(model, tmp)}
+    if full:
+        states["optimizer"] = backend.optimizer_state_dict(model, objects["optimizer"], tmp)  # None: written as shards
+        for name in STATE_FILES:
+            if name != "optimizer" and objects.get(name) is not None:
+                states[name] = objects[name].state_dict()
+    backend.barrier()
+    state = objects["trainer_state"]
+    stateful = [cb for cb in [*objects["callbacks"].callbacks, objects["control"]] if isinstance(cb, ExportableState)]
+    state.stateful_callbacks = TrainerState(stateful_callbacks=stateful).stateful_callbacks
+    if args.should_save:
+        logger.info(f"Saving model checkpoint to {folder}")
+
+        def write(tmp: Path) -> None:
+            save_model_weights(backend.unwrap(model), tmp, objects.get("processing_class"), states["model"])
+            for name, file in STATE_FILES.items():
+                if states.get(name) is not None:
+                    (save_json if file.endswith(".json") else torch.save)(states[name], tmp / file)
+            torch.save(args.to_dict(), tmp / TRAINING_ARGS_NAME)
+            save_json(args.to_dict(), tmp / TRAINING_ARGS_JSON)
+            state.save_to_json(str(tmp / TRAINER_STATE_NAME))  # last: marks completeness
+
+        write_atomically(folder, write, fresh=False)
+    backend.barrier()  # every process agrees the save is complete before anything is deleted
+    if args.should_save:
+        remove_incomplete(args.output_dir)
+        rotate_checkpoints(args.output_dir, args.save_total_limit, state.best_model_checkpoint, folder)
+    return folder
+
+
+def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args: Any) -> ResumePoint:
+    """Restore the named objects from the checkpoint ``folder``; returns where the data continues.
+
+    The weights are not among them: they are loaded before the optimizer is built (``Backend.load_model_weights``).
+    Order: the arguments first (an unsafe file stops everything before anything else is read), then
+    optimizer and scheduler, scaler, ``TrainerState`` (this run's step counts and intervals kept), callback
+    states (with ``restore_callback_states_from_checkpoint``), the loop state and the data position. A
+    transformers checkpoint has no ``loop_state.json``: the loss since its last log is unknown, so, as
+    transformers does, the first log averages the steps since the resume.
+
+    Args:
+        folder: the checkpoint (from :func:`find_resume_folder`).
+        objects: ``model`` (as trained: the optimizer's shards need it), ``optimizer``, ``scheduler``,
+            ``scaler`` (None: not loaded), ``trainer_state`` (this run's: its step counts stay), ``callbacks``
+            (the handler) and ``control``, ``loop_state`` (this run's ``LoopState``: its layout and data
+            identity are checked against the checkpoint's). Each is restored in place.
+        backend: the run's ``Backend`` (the optimizer's state through the engine).
+        args: the run's ``TrainingArguments``.
+
+    Returns:
+        The :class:`ResumePoint`: its ``start_epoch`` continues the data where it stopped.
+
+    Raises:
+        ValueError: the checkpoint holds weights only, or was trained on another dataset.
+    """
+    folder = Path(folder)
+    saved_args = load_training_args(folder) or {}
+    load_optimizer_and_scheduler(folder, objects["optimizer"], objects["scheduler"], functools.partial(
+        backend.load_optimizer_state, objects["model"], objects["optimizer"]))
+    if (folder / SCALER_NAME).exists():
+        scaler_state = safe_load(folder / SCALER_NAME)
+        if objects.get("scaler") is not None:  # a resumed fp16 run continues with the same loss scale
+            objects["scaler"].load_state_dict(scaler_state)
+    state = objects["trainer_state"]
+    saved = TrainerState.load_from_json(str(folder / TRAINER_STATE_NAME))
+    if saved.best_model_checkpoint is not None and not os.path.isdir(saved.best_model_checkpoint):
+        logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
+        saved.best_model_checkpoint = None
+    saved_batch_size = saved.train_batch_size
+    for name in _RUN_FIELDS:
+        setattr(saved, name, getattr(state, name))
+    for field in dataclasses.fields(state):
+        setattr(state, field.name, getattr(saved, field.name))
+    if args.restore_callback_states_from_checkpoint:
+        control = objects["control"]
+        restored = restore_callback_states(objects["callbacks"], control, state.stateful_callbacks)
+        vars(control).update(vars(restored))  # in place: the run's control object goes on
+    loop = objects["loop_state"]
+    resume = resume_point(folder, state.global_step, loop.batches_per_epoch, args, loop.layout, saved_args,
+                          saved_batch_size, loop.identity)
+    if resume.loop is not None:
+        loop.load_state_dict(resume.loop)
+    else:  # a transformers checkpoint: the loss since its last log is unknown; average this run's steps (HF's rule)
+        loop.last_logged_step = loop.first_step = state.global_step
+    if state.global_step >= state.max_steps:  # nothing left to train; close the epoch if the saving run had not yet
+        if resume.skip_batches and loop.batches_per_epoch:
+            resume.skip_batches = loop.batches_per_epoch
+        else:
+            resume.epoch = state.num_train_epochs
+    logger.info("resuming at step %d: epoch %d, %d batches into it (skipped in the sampler)",
+                state.global_step, resume.epoch, resume.skip_batches)
+    return resume
+
+
+def save_model(folder: str | os.PathLike, model: torch.nn.Module, processing_class: Any, state_dict: dict | None,
+               args: Any) -> None:
+    """``Trainer.save_model``'s files: the weights (:func:`save_model_weights`) and ``training_args.bin``."""
+    save_model_weights(model, folder, processing_class, state_dict)
+    torch.save(args.to_dict(), Path(folder) / TRAINING_ARGS_NAME)
 
 
 # ---------------------------------------------------------------- SIGTERM / SIGUSR1

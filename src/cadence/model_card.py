@@ -101,7 +101,9 @@ def hyperparameters(args: Any) -> dict[str, Any]:
         hp["num_devices"] = args.world_size
     if args.gradient_accumulation_steps > 1:
         hp["gradient_accumulation_steps"] = args.gradient_accumulation_steps
-    total_train = args.train_batch_size * args.world_size * args.gradient_accumulation_steps
+    from .loop_state import BatchLayout
+
+    total_train = BatchLayout.from_args(args).global_batch
     if total_train != hp["train_batch_size"]:
         hp["total_train_batch_size"] = total_train
     if args.eval_batch_size * args.world_size != hp["eval_batch_size"]:

@@ -23,16 +23,16 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
 from .backend import Backend
 from .integrations import registry as integrations
+from .loop_state import BatchLayout, LoopState, data_identity
 from .trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
-    ExportableState,
     PrinterCallback,
     ProgressCallback,
     TrainerCallback,
@@ -54,92 +54,6 @@ from .trainer_utils import (
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
-
-
-class _RunningLoss:
-    """The loss summed on the device between logs; read (one host sync) only when logging.
-
-    With the data position (``epoch``, ``batches_in_epoch``) it is the loop's in-flight state that a
-    checkpoint keeps (``loop_state.json``), so a resumed run logs exactly what an unbroken one logs.
-
-    Each micro-batch's loss is only appended to a list (no device work on the hot path); the list
-    is folded into the sums when a log reads it. With ``filter_nonfinite``, a step whose loss is
-    non-finite on any process is counted and left out: the logged loss is the mean over the
-    interval's finite steps, ``train_loss`` the mean over the run's finite steps.
-    """
-
-    FOLD_EVERY = 1024  # steps: bounds the list when nothing is logged for a long time
-
-    def __init__(self, backend: Backend, filter_nonfinite: bool, tokens: data.TokenCounter | None = None):
-        device = backend.device
-        self.backend = backend
-        self.sum = torch.zeros((), device=device, dtype=torch.float64)  # float32 would round long sums
-        # non-finite steps of this log interval, the same count on every process
-        self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
-        self.nonfinite_total = 0  # non-finite steps of the logged intervals, for train_loss
-        self.pending: list[torch.Tensor] = []
-        self.pending_steps: list[int] = []  # micro-batches of each pending step
-        self.total = 0.0  # sum of the logged intervals, for train_loss
-        self.last_logged_step = 0
-        self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
-        self.flos = 0.0  # this process's floating-point operations in this run
-        self.first_step = 0  # train_loss averages the steps from here (the resumed step when the sums were not saved)
-        self.resumed_step = 0  # the step this train() call started from
-        self.epoch, self.batches_in_epoch, self.batches_per_epoch = 0, 0, None  # where the data is
-        self.layout: dict[str, Any] = {}  # what the position is counted in: batch layout and data identity
-        self.skipped = self.skipped_total = 0  # optimizer steps fp16 loss scaling skipped (inf/NaN gradients)
-
-    def count(self, window: list, floating_point_ops: Callable) -> None:
-        """Input tokens and FLOPs of one step's batches (no host sync)."""
-        for inputs in window:
-            self.tokens.add(inputs)
-            self.flos += floating_point_ops(inputs)
-
-    def state_dict(self, backend: Backend) -> dict[str, Any]:
-        """Plain numbers (a float64 goes through JSON exactly); sums over processes (a collective)."""
-        self.fold()
-        nonfinite = 0 if self.nonfinite is None else int(self.nonfinite.item())
-        return {"loss_sum": backend.reduce_mean(self.sum.clone()).item(), "nonfinite": nonfinite, "total": self.total,
-                "nonfinite_total": self.nonfinite_total,
-                "last_logged_step": self.last_logged_step, "first_step": self.first_step, "epoch": self.epoch,
-                "batches_in_epoch": self.batches_in_epoch, "batches_per_epoch": self.batches_per_epoch, **self.layout}
-
-    def load_state_dict(self, state: dict[str, Any], is_main: bool) -> None:
-        self.sum.fill_(state["loss_sum"])  # every process: the logged value is their mean
-        if self.nonfinite is not None:  # a count of steps, the same on every process
-            self.nonfinite.fill_(state["nonfinite"])
-        self.total, self.last_logged_step, self.first_step = state["total"], state["last_logged_step"], state["first_step"]
-        self.nonfinite_total = state.get("nonfinite_total", 0)
-
-    def add(self, micro_batch_losses: list[torch.Tensor]) -> None:
-        """One optimizer step's micro-batch losses (their sum is the step's loss on this process)."""
-        self.pending.extend(micro_batch_losses)
-        self.pending_steps.append(len(micro_batch_losses))
-        if len(self.pending_steps) >= self.FOLD_EVERY:  # a step count: every process folds at the same step
-            self.fold()
-
-    def fold(self) -> None:
-        """Move the pending losses into the sums; never let one NaN hide the others, but count its step."""
-        if not self.pending:
-            return
-        losses = torch.stack(self.pending).double()  # summed in float64, like the running sum
-        sizes = torch.tensor(self.pending_steps, device=losses.device)
-        self.pending.clear()
-        self.pending_steps.clear()
-        if self.nonfinite is not None:
-            step_of = torch.arange(len(sizes), device=losses.device).repeat_interleave(sizes)
-            steps = losses.new_zeros(len(sizes)).index_add_(0, step_of, losses)
-            # a step is left out on every process when it is non-finite on any (a collective, no host sync)
-            bad = self.backend.reduce_sum((~torch.isfinite(steps)).long()) > 0
-            self.nonfinite += bad.sum()
-            losses = steps.masked_fill(bad, 0.0)
-        self.sum += losses.sum()
-
-    @staticmethod
-    def mean(loss_sum: float, steps: int, nonfinite: int) -> float:
-        """``loss_sum`` over the finite ones of ``steps``; NaN when none was finite."""
-        finite = steps - nonfinite
-        return loss_sum / finite if finite > 0 else float("nan")
 
 
 class Trainer:
@@ -217,6 +131,7 @@ class Trainer:
         params = inspect.signature(self.compute_loss).parameters  # a subclass's override may not take the count
         self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
         self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
+        self._loop: LoopState | None = None  # the latest train() call's loop state (log() reads its token count)
         self._claimed_output_dir: str | None = None  # the output_dir an earlier train() of this Trainer wrote
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
 
@@ -350,7 +265,7 @@ class Trainer:
         if args.train_sampling_strategy == "group_by_length":
             names = getattr(self.processing_class, "model_input_names", None)
             lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
-            global_batch = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+            global_batch = BatchLayout.from_args(args).global_batch
             return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=args.process_index,
                                              world_size=args.world_size)
         shuffle = args.train_sampling_strategy != "sequential"
@@ -492,11 +407,8 @@ class Trainer:
     def _train_holding_lock(self, resume_from_checkpoint, trial, ignore_keys_for_eval) -> TrainOutput:
         if resume_from_checkpoint in (None, False):
             resume_from_checkpoint = None
-        else:
-            if self.args.should_save and os.path.isdir(self.args.output_dir):
-                checkpoint.remove_incomplete(self.args.output_dir)  # killed saves: never chosen, cleaned up
-            self.backend.barrier()  # so every process sees the same checkpoints
-            resume_from_checkpoint = checkpoint.resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        else:  # killed saves are cleaned up, never chosen
+            resume_from_checkpoint = checkpoint.find_resume_folder(resume_from_checkpoint, self.args, self.backend.barrier)
         self._trial = trial  # a hyperparameter-search trial (HF's attribute): each evaluation reports to it
         if self.model_init is not None:
             set_seed(self.args.seed)
@@ -532,9 +444,9 @@ class Trainer:
             hooks.append(overflow.UnderflowOverflowDetector(model, lambda: self.state.global_step))
         return hooks
 
-    def _step_counts(self, dataloader: DataLoader) -> tuple[int, int, int | None]:
+    def _step_counts(self, dataloader: DataLoader, layout: BatchLayout) -> tuple[int, int, int | None]:
         """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""
-        args, ga = self.args, self.args.gradient_accumulation_steps
+        args = self.args
         if not has_length(dataloader):
             return args.max_steps, 2**62, None
         batches = len(dataloader)
@@ -544,24 +456,32 @@ class Trainer:
                 f"per_device_train_batch_size={args.per_device_train_batch_size} and dataloader_drop_last=True; "
                 "lower the batch size or set dataloader_drop_last=False"
             )
-        steps_per_epoch = max(math.ceil(batches / ga), 1)
+        steps_per_epoch = layout.steps_per_epoch(batches)
         if args.max_steps > 0:
             return args.max_steps, math.ceil(args.max_steps / steps_per_epoch), batches
         return math.ceil(args.num_train_epochs * steps_per_epoch), math.ceil(args.num_train_epochs), batches
 
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None) -> TrainOutput:
+        """The loop: epoch -> optimizer step -> micro-batch (transformers' signature, which subclasses call).
+
+        Args:
+            batch_size: unused: in transformers ``find_executable_batch_size`` passes the per-device batch to
+                retry with; cadence's ``auto_find_batch_size`` splits each step's batches instead
+                (``_shrink_train_batch``), so the batch always is ``args.per_device_train_batch_size``.
+            args: the run's arguments (default ``self.args``).
+            resume_from_checkpoint: the checkpoint folder to continue from (its weights already loaded), or None.
+            trial: the hyperparameter-search trial, recorded in ``trainer_state.json``.
+            ignore_keys_for_eval: output keys left out of predictions during evaluation.
+        """
         args = args or self.args
         checks.check_trainable(self.model)
         train_dataloader = self.get_train_dataloader()
-        max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader)
+        layout = BatchLayout.from_args(args)
+        max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader, layout)
         if self._created_lr_scheduler:  # a finished schedule would train at its last rate (often 0)
             self.lr_scheduler, self._created_lr_scheduler = None, False
         self.create_optimizer_and_scheduler(max_steps)
         model = self.model_wrapped = self.backend.prepare_model(self.model, self.optimizer)
-        ga, world = args.gradient_accumulation_steps, self.backend.world_size
-        # count items only where the count changes the result: accumulation or several processes
-        count_items = ga > 1 or world > 1
-        split = 1  # each loaded batch is cut into this many micro-batches (auto_find_batch_size raises it)
 
         self.state = TrainerState(
             is_local_process_zero=self.state.is_local_process_zero,
@@ -577,145 +497,135 @@ class Trainer:
             hyperparameter_search.record_trial(self, trial)
         tokens = data.TokenCounter(args.include_num_input_tokens_seen, getattr(self.model, "main_input_name", "input_ids"),
                                    getattr(self.processing_class, "pad_token_id", None))
-        running = _RunningLoss(self.backend, args.logging_nan_inf_filter, tokens)
-        running.batches_per_epoch = batches_per_epoch
-        running.layout = {"train_batch_size": args.train_batch_size, "gradient_accumulation_steps": ga,
-                          "world_size": world, **checkpoint.data_identity(self.train_dataset)}
+        loop = LoopState(self.backend, args.logging_nan_inf_filter, tokens, layout, batches_per_epoch,
+                         data_identity(self.train_dataset))
         resume = None
         if resume_from_checkpoint is not None:
-            resume = self._load_resume_state(Path(resume_from_checkpoint), running, max_steps, num_train_epochs)
+            resume = checkpoint.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
         for handler_attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, handler_attr, getattr(self, handler_attr))
         self.callback_handler.train_dataloader = train_dataloader
-        self._log_run_header(max_steps, batches_per_epoch)
-        self._initial_num_input_tokens_seen, self._initial_total_flos = self.state.num_input_tokens_seen, self.state.total_flos
-        grad_norm: torch.Tensor | None = None
-        learning_rate = 0.0
-        start_time = time.time()
+        self._log_run_header(loop)
+        loop.begin(self.state, list(model.parameters()))
+        self._loop = loop  # log() reads the run's token count from it
         model.zero_grad(set_to_none=True)
-        self._params = list(model.parameters())  # read once, used every step (frozen ones have no grad)
         model.train()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start:
             self._evaluate(ignore_keys_for_eval)
 
         first_epoch = 0 if resume is None else resume.epoch
+        ga = layout.gradient_accumulation_steps
         for epoch in range(first_epoch, num_train_epochs):  # ---- epoch
-            batches, micro_done = self._begin_epoch(train_dataloader, epoch, resume if epoch == first_epoch else None)
+            batches = self._begin_epoch(train_dataloader, epoch, resume if epoch == first_epoch else None, loop)
             while True:  # ---- optimizer step: the next `ga` batches
                 window = [b for _, b in zip(range(ga), batches)]
                 if not window:
                     break
-                micro_done += len(window)
-                items = self._window_items(window) if count_items or split > 1 else None
-                running.count(window, self.floating_point_ops)
+                loop.batches_in_epoch += len(window)
+                loop.items = self._window_items(window) if loop.count_items or loop.split > 1 else None
+                loop.count(window, self.floating_point_ops)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                split, items = self._forward_backward(model, window, items, split, running)  # ---- micro-batches
-                grad_norm, learning_rate = self._optimizer_step(model, running, grad_norm)  # ---- clip, step, schedule
+                self._forward_backward(model, window, loop)  # ---- micro-batches
+                self._optimizer_step(loop)  # ---- clip, step, schedule
                 self.state.global_step += 1
                 if args.torch_empty_cache_steps and self.state.global_step % args.torch_empty_cache_steps == 0:
                     self.backend.empty_cache()
-                self.state.epoch = epoch + micro_done / batches_per_epoch if batches_per_epoch else None
-                running.epoch, running.batches_in_epoch = epoch, micro_done
+                self.state.epoch = epoch + loop.batches_in_epoch / batches_per_epoch if batches_per_epoch else None
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                self._maybe_log_save_evaluate(running, grad_norm, learning_rate, model, ignore_keys_for_eval, start_time)
+                self._maybe_log_save_evaluate(loop, ignore_keys_for_eval)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
-            if batches_per_epoch is None and micro_done == 0:
+            if batches_per_epoch is None and loop.batches_in_epoch == 0:
                 logger.warning("the training dataset yielded no batch: stopping at step %d", self.state.global_step)
                 self.control.should_training_stop = True
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
-            running.epoch, running.batches_in_epoch = epoch + 1, 0
-            self._maybe_log_save_evaluate(running, grad_norm, learning_rate, model, ignore_keys_for_eval, start_time)
+            loop.epoch, loop.batches_in_epoch = epoch + 1, 0
+            self._maybe_log_save_evaluate(loop, ignore_keys_for_eval)
             if self.control.should_training_stop:
                 break
 
-        return self._finish_training(running, start_time)
+        return self._finish_training(loop)
 
-    def _begin_epoch(self, train_dataloader: DataLoader, epoch: int, resume: checkpoint.ResumePoint | None):
+    def _begin_epoch(self, train_dataloader: DataLoader, epoch: int, resume: checkpoint.ResumePoint | None, loop: LoopState):
         """Order the epoch's data (after a resume: without the batches already trained), fire
-        ``on_epoch_begin`` and return ``(batch iterator, batches already trained in this epoch)``."""
+        ``on_epoch_begin`` and return the batch iterator; ``loop``'s position is set to the epoch's start."""
         skip = resume.skip_batches if resume is not None else 0  # trained batches: never loaded again
+        loop.epoch, loop.batches_in_epoch = epoch, skip
         stream = not has_length(train_dataloader)
         data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size)
-        if resume is not None and resume.stream_state is not None:  # the stream continues from its saved position
-            data.stateful_stream(train_dataloader).load_state_dict(resume.stream_state)
-        if resume is not None and not skip:  # saved between epochs: the RNGs continue from before this epoch's events
-            checkpoint.restore_rng_state(resume.rng)
-        self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)
-        batches = iter(train_dataloader)
-        if resume is not None and skip:  # saved inside the epoch, after its iterator drew the workers' seed
-            if stream:  # a stream without state_dict(): its trained batches can only be read again
-                data.skip_stream(batches, skip)
-            checkpoint.restore_rng_state(resume.rng)
-        return batches, skip
+
+        def begin_epoch() -> None:
+            self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)
+
+        if resume is not None:  # the RNGs, and a stream's state, restored where the saving run was
+            return resume.start_epoch(train_dataloader, begin_epoch)
+        begin_epoch()
+        return iter(train_dataloader)
 
     def _window_items(self, window: list) -> torch.Tensor | None:
         """Items of one optimizer step over all processes (None when the batches carry no labels)."""
         items = loss_utils.window_items(window, self._shifts_labels)
         return None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
 
-    def _forward_backward(self, model: nn.Module, window: list, items, split: int, running: _RunningLoss):
+    def _forward_backward(self, model: nn.Module, window: list, loop: LoopState) -> None:
         """Forward and backward of a step's micro-batches, gradients synced on the last only.
 
         With ``auto_find_batch_size``, a step that runs out of memory is redone from zeroed gradients
-        in smaller micro-batches (``split`` per loaded batch). Returns the new ``(split, items)``.
+        in smaller micro-batches (``loop.split`` per loaded batch).
         """
         while True:
-            micro_batches = data.split_batches(window, split)
-            self.current_gradient_accumulation_steps = len(micro_batches)
+            micro_batches = data.split_batches(window, loop.split)
+            loop.micro_batches = self.current_gradient_accumulation_steps = len(micro_batches)
             try:
                 step_losses = []
                 for i, inputs in enumerate(micro_batches):
                     last = i == len(micro_batches) - 1
                     with contextlib.nullcontext() if last else self.backend.no_sync(model):
-                        step_losses.append(self.training_step(model, inputs, items))
+                        step_losses.append(self.training_step(model, inputs, loop.items))
                     if not last:
                         self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
                 break
             except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
-                split, items = self._shrink_train_batch(error, model, window, split, items)
-        running.add(step_losses)
-        return split, items
+                self._shrink_train_batch(error, model, window, loop)
+        loop.add(step_losses)
 
-    def _optimizer_step(self, model: nn.Module, running: _RunningLoss, grad_norm):
-        """Clip, step (fp16 loss scaling may skip it), schedule, zero; returns ``(grad_norm, lr used)``."""
-        params = self._params
+    def _optimizer_step(self, loop: LoopState) -> None:
+        """Clip, step (fp16 loss scaling may skip it), schedule, zero; notes the step's grad norm and learning rate."""
+        params = loop.params
         if self.args.max_grad_norm:
-            grad_norm = self.backend.clip_grad_norm(params, self.args.max_grad_norm, self.optimizer)
+            loop.grad_norm = self.backend.clip_grad_norm(params, self.args.max_grad_norm, self.optimizer)
         self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
         stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
         self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
-        learning_rate = self.optimizer.param_groups[0]["lr"]
-        running.skipped += not stepped
+        loop.learning_rate = self.optimizer.param_groups[0]["lr"]
+        loop.skipped += not stepped
         if stepped and not isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):  # those step on eval metrics
             self.lr_scheduler.step()
         for p in params:  # model.zero_grad(set_to_none=True), without walking the module tree every step
             p.grad = None
-        return grad_norm, learning_rate
 
-    def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, split: int, items):
+    def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, loop: LoopState) -> None:
         """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free
-        memory, and cut each batch into twice as many micro-batches, so the per-device batch halves,
-        the accumulation doubles and the global batch stays the same. Returns ``(split, items)``.
+        memory, and cut each batch into twice as many micro-batches (``loop.split``), so the per-device batch
+        halves, the accumulation doubles and the global batch stays the same; ``loop.items`` counted if not yet.
         Any other error, or one at a per-device batch of 1, is re-raised."""
-        batch = self.args.train_batch_size
-        size = -(-batch // split)
+        batch = loop.layout.train_batch_size
+        size = -(-batch // loop.split)
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
         model.zero_grad(set_to_none=True)  # the failed attempt's partial gradients must not count
         self.backend.free_memory()
-        split *= 2
-        self.state.train_batch_size = -(-batch // split)
+        loop.split *= 2
+        self.state.train_batch_size = -(-batch // loop.split)
         logger.warning(
             "out of memory at per-device train batch size %d: redoing step %d with batch %d x %d accumulation "
             "(global batch unchanged)", size, self.state.global_step + 1, self.state.train_batch_size,
-            self.args.gradient_accumulation_steps * split,
+            loop.layout.gradient_accumulation_steps * loop.split,
         )
-        if items is None:  # micro-batches of a batch differ in items: weigh them by their counts from now on
+        if loop.items is None:  # micro-batches of a batch differ in items: weigh them by their counts from now on
             items = loss_utils.window_items(window, self._shifts_labels)
-            items = None if items is None else items.to(self.backend.device)
-        return split, items
+            loop.items = None if items is None else items.to(self.backend.device)
 
     def _shrink_eval_batch(self, error: Exception) -> None:
         """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): halve the eval batch."""
@@ -726,53 +636,12 @@ class Trainer:
         self.args.per_device_eval_batch_size = size // 2
         logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
 
-    def _load_resume_state(self, folder: Path, running: _RunningLoss, max_steps: int, num_train_epochs: int) -> checkpoint.ResumePoint:
-        """Load what ``folder`` holds besides the weights; returns where the data continues.
-
-        Order: the arguments first (an unsafe file stops everything before anything else is read),
-        then optimizer and scheduler, ``TrainerState`` (this run's step counts and intervals kept),
-        callback states (with ``restore_callback_states_from_checkpoint``), the logged-loss sums.
-        """
-        args = self.args
-        saved_args = checkpoint.load_training_args(folder) or {}
-        checkpoint.load_optimizer_and_scheduler(folder, self.optimizer, self.lr_scheduler, functools.partial(
-            self.backend.load_optimizer_state, self.model_wrapped, self.optimizer))
-        if (folder / checkpoint.SCALER_NAME).exists():
-            self.backend.load_scaler_state(checkpoint.safe_load(folder / checkpoint.SCALER_NAME))
-        saved = TrainerState.load_from_json(str(folder / checkpoint.TRAINER_STATE_NAME))
-        if saved.best_model_checkpoint is not None and not os.path.isdir(saved.best_model_checkpoint):
-            logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
-            saved.best_model_checkpoint = None
-        saved_batch_size = saved.train_batch_size
-        for name in ("is_local_process_zero", "is_world_process_zero", "logging_steps", "eval_steps", "save_steps",
-                     "train_batch_size"):
-            setattr(saved, name, getattr(self.state, name))
-        saved.max_steps, saved.num_train_epochs = max_steps, num_train_epochs
-        self.state = saved
-        if args.restore_callback_states_from_checkpoint:
-            self.control = checkpoint.restore_callback_states(self.callback_handler, self.control, saved.stateful_callbacks)
-        resume = checkpoint.resume_point(folder, saved.global_step, running.batches_per_epoch, args, saved_args,
-                                         saved_batch_size, running.layout)  # the layout holds this data's identity
-        if resume.loop is not None:
-            running.load_state_dict(resume.loop, self.backend.is_main_process)
-        else:  # a transformers checkpoint: the loss since its last log is unknown; average this run's steps (HF's rule)
-            running.last_logged_step = running.first_step = saved.global_step
-        running.resumed_step = saved.global_step
-        if saved.global_step >= max_steps:  # nothing left to train; close the epoch if the saving run had not yet
-            if resume.skip_batches and running.batches_per_epoch:
-                resume.skip_batches = running.batches_per_epoch
-            else:
-                resume.epoch = num_train_epochs
-        logger.info("resuming at step %d: epoch %d, %d batches into it (skipped in the sampler)",
-                    saved.global_step, resume.epoch, resume.skip_batches)
-        return resume
-
-    def _log_run_header(self, max_steps: int, batches_per_epoch: int | None) -> None:
+    def _log_run_header(self, loop: LoopState) -> None:
         """transformers' header, line for line: log readers and tools grep for this wording."""
-        args = self.args
-        ga = args.gradient_accumulation_steps
+        args, batches_per_epoch, max_steps = self.args, loop.batches_per_epoch, self.state.max_steps
+        ga = loop.layout.gradient_accumulation_steps
         examples = f"{len(self.train_dataset):,}" if has_length(self.train_dataset) else "Unknown"
-        per_epoch = f"{max(math.ceil(batches_per_epoch / ga), 1):,}" if batches_per_epoch else "Unknown"
+        per_epoch = f"{loop.layout.steps_per_epoch(batches_per_epoch):,}" if batches_per_epoch else "Unknown"
         logger.info("***** Running training *****")
         logger.info(f"  Num examples = {examples}")
         logger.info(f"  Num Epochs = {self.state.num_train_epochs:,}")
@@ -783,29 +652,29 @@ class Trainer:
         logger.info(f"  Total optimization steps = {max_steps:,}")
         logger.info(f"  Number of trainable parameters = {self.get_num_trainable_parameters():,}")
 
-    def _finish_training(self, running: _RunningLoss, start_time: float) -> TrainOutput:
-        running.fold()
-        running.total += self.backend.reduce_mean(running.sum).item()
-        if running.nonfinite is not None:  # the steps since the last log
-            running.nonfinite_total += int(running.nonfinite.item())
-            running.nonfinite.zero_()
-        self._store_counts(running)
-        steps, bad = max(self.state.global_step - running.first_step, 1), running.nonfinite_total
-        train_loss = running.mean(running.total, steps, bad)  # over the finite steps
+    def _finish_training(self, loop: LoopState) -> TrainOutput:
+        loop.fold()
+        loop.total += self.backend.reduce_mean(loop.sum).item()
+        if loop.nonfinite is not None:  # the steps since the last log
+            loop.nonfinite_total += int(loop.nonfinite.item())
+            loop.nonfinite.zero_()
+        self._store_counts(loop)
+        steps, bad = max(self.state.global_step - loop.first_step, 1), loop.nonfinite_total
+        train_loss = loop.mean(loop.total, steps, bad)  # over the finite steps
         if bad == steps:
             logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
-        steps = self.state.global_step - running.resumed_step  # speed counts this call's steps only
+        steps = self.state.global_step - loop.resumed_step  # speed counts this call's steps only
         num_samples = steps * self.get_total_train_batch_size(self.args)
-        tokens = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
-        metrics = speed_metrics("train", start_time, num_samples=num_samples, num_steps=steps,
+        tokens = self.state.num_input_tokens_seen - loop.initial_num_input_tokens_seen
+        metrics = speed_metrics("train", loop.start_time, num_samples=num_samples, num_steps=steps,
                                 num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
         metrics["total_flos"] = self.state.total_flos
-        mfu = estimate_mfu(self.state.total_flos - self._initial_total_flos, metrics["train_runtime"],
+        mfu = estimate_mfu(self.state.total_flos - loop.initial_total_flos, metrics["train_runtime"],
                            self.backend.device, self.args.world_size)
         if mfu is not None:  # on GPUs of known peak only
             metrics["train_mfu"] = mfu
         metrics["train_loss"] = train_loss
-        skipped = running.skipped_total + running.skipped
+        skipped = loop.skipped_total + loop.skipped
         if skipped:
             metrics["train_skipped_optimizer_steps"] = skipped
         if bad:
@@ -935,12 +804,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ log / evaluate / save
 
-    def _store_counts(self, running: _RunningLoss) -> None:
+    def _store_counts(self, loop: LoopState) -> None:
         """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
-        self.state.num_input_tokens_seen = self._initial_num_input_tokens_seen + int(
-            self.backend.reduce_sum(running.tokens.total(self.backend.device)).item())
-        flos = torch.tensor(running.flos, dtype=torch.float64, device=self.backend.device)
-        self.state.total_flos = self._initial_total_flos + self.backend.reduce_sum(flos).item()
+        self.state.num_input_tokens_seen = loop.initial_num_input_tokens_seen + int(
+            self.backend.reduce_sum(loop.tokens.total(self.backend.device)).item())
+        flos = torch.tensor(loop.flos, dtype=torch.float64, device=self.backend.device)
+        self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum(flos).item()
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> float:
         """Forward and backward FLOPs of one batch: the model's ``floating_point_ops(inputs)`` when it
@@ -964,35 +833,35 @@ class Trainer:
             return float(own(inputs))
         return per_token * data.batch_tokens(inputs, main_input)
 
-    def _maybe_log_save_evaluate(self, running: _RunningLoss, grad_norm, learning_rate: float, model, ignore_keys_for_eval, start_time) -> None:
+    def _maybe_log_save_evaluate(self, loop: LoopState, ignore_keys_for_eval) -> None:
         if self.control.should_log or self.control.should_save:
-            self._store_counts(running)
-        if self.control.should_log and self.state.global_step > running.last_logged_step:
-            running.fold()
-            interval_loss = self.backend.reduce_mean(running.sum).item()  # the one host sync of a log
-            steps = self.state.global_step - running.last_logged_step
-            bad = 0 if running.nonfinite is None else int(running.nonfinite.item())
-            logs: dict[str, float] = {"loss": running.mean(interval_loss, steps, bad)}
+            self._store_counts(loop)
+        if self.control.should_log and self.state.global_step > loop.last_logged_step:
+            loop.fold()
+            interval_loss = self.backend.reduce_mean(loop.sum).item()  # the one host sync of a log
+            steps = self.state.global_step - loop.last_logged_step
+            bad = 0 if loop.nonfinite is None else int(loop.nonfinite.item())
+            logs: dict[str, float] = {"loss": loop.mean(interval_loss, steps, bad)}
             if bad:
                 logs["nonfinite_losses"] = bad
                 logger.warning("%d of %d steps (%d-%d) had a non-finite loss: left out of the logged loss (the mean "
-                               "of the others%s)", bad, steps, running.last_logged_step + 1, self.state.global_step,
+                               "of the others%s)", bad, steps, loop.last_logged_step + 1, self.state.global_step,
                                "; none was finite, so it is NaN" if bad == steps else "")
-                running.nonfinite.zero_()
-                running.nonfinite_total += bad
-            if running.skipped:
-                logs["skipped_optimizer_steps"] = running.skipped
+                loop.nonfinite.zero_()
+                loop.nonfinite_total += bad
+            if loop.skipped:
+                logs["skipped_optimizer_steps"] = loop.skipped
                 logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
-                               running.skipped, running.last_logged_step + 1, self.state.global_step)
-                running.skipped_total += running.skipped
-                running.skipped = 0
-            if grad_norm is not None:
-                logs["grad_norm"] = grad_norm.item()
-            logs["learning_rate"] = learning_rate
-            running.total += interval_loss
-            running.sum.zero_()
-            running.last_logged_step = self.state.global_step
-            self.log(logs, start_time)
+                               loop.skipped, loop.last_logged_step + 1, self.state.global_step)
+                loop.skipped_total += loop.skipped
+                loop.skipped = 0
+            if loop.grad_norm is not None:
+                logs["grad_norm"] = loop.grad_norm.item()
+            logs["learning_rate"] = loop.learning_rate
+            loop.total += interval_loss
+            loop.sum.zero_()
+            loop.last_logged_step = self.state.global_step
+            self.log(logs, loop.start_time)
         if self.control.should_evaluate:
             metrics = self._evaluate(ignore_keys_for_eval)
             if self._trial is not None:  # a search's trial: report the objective (optuna may stop the trial here)
@@ -1005,7 +874,7 @@ class Trainer:
             if self.args.save_strategy == "best":  # save exactly when the evaluation improved
                 self.control.should_save = is_new_best
         if self.control.should_save:
-            self._save_checkpoint(model, loop_state=running.state_dict(self.backend))
+            self._save_checkpoint(self.model_wrapped, loop_state=loop)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -1021,7 +890,8 @@ class Trainer:
         if self.args.include_num_input_tokens_seen != "no":
             logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
             if start_time is not None:  # HF adds the run's token throughput to the step logs
-                session = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
+                before = self._loop.initial_num_input_tokens_seen if self._loop is not None else 0
+                session = self.state.num_input_tokens_seen - before
                 logs.update(speed_metrics("train", start_time, num_tokens=session))
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
@@ -1043,13 +913,13 @@ class Trainer:
             self.state.best_global_step = self.state.global_step
         return True
 
-    def _save_checkpoint(self, model: nn.Module, trial: Any = None, loop_state: dict | None = None) -> Path:
-        """Write ``checkpoint-{global_step}`` atomically, then rotate (main process; each process its RNG file).
+    def _save_checkpoint(self, model: nn.Module, trial: Any = None, loop_state: LoopState | None = None) -> Path:
+        """Write ``checkpoint-{global_step}`` atomically, then rotate (``checkpoint.save``; every process calls it).
 
         Args:
-            model: the model being trained (the unwrapped ``self.model`` is what is saved).
+            model: the model being trained (its unwrapped module is what is saved).
             trial: unused (transformers' signature).
-            loop_state: the data position and loss sums (``loop_state.json``) for an exact resume.
+            loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume.
         """
         args = self.args
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -1058,44 +928,14 @@ class Trainer:
             best = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
             if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
                 self.state.best_model_checkpoint = str(best)
-        if args.should_save:  # every process puts its files into the staging folder first
-            checkpoint.prepare_staging(folder)
-        self.backend.barrier()
-        if not args.save_only_model:
-            checkpoint.save_rng_state(folder, args.process_index, args.world_size)
-        # every process: the states to save (under FSDP gathered to the main process, or written as shards)
-        weights = self.backend.model_state_dict(model, checkpoint.staging_folder(folder))
-        optimizer_state = None if args.save_only_model else self.backend.optimizer_state_dict(
-            model, self.optimizer, checkpoint.staging_folder(folder))
-        self.backend.barrier()
-        stateful = [cb for cb in [*self.callback_handler.callbacks, self.control] if isinstance(cb, ExportableState)]
-        self.state.stateful_callbacks = TrainerState(stateful_callbacks=stateful).stateful_callbacks
-        if args.should_save:
-            logger.info(f"Saving model checkpoint to {folder}")
+        return checkpoint.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args)
 
-            def write(tmp: Path) -> None:
-                checkpoint.save_model_weights(self.backend.unwrap(self.model), tmp, self.processing_class, weights)
-                if not args.save_only_model:
-                    if optimizer_state is not None:  # None: written as shards
-                        torch.save(optimizer_state, tmp / checkpoint.OPTIMIZER_NAME)
-                    torch.save(self.lr_scheduler.state_dict(), tmp / checkpoint.SCHEDULER_NAME)
-                    if loop_state is not None:
-                        checkpoint.save_json(loop_state, tmp / checkpoint.LOOP_STATE_NAME)
-                    stream = data.stateful_stream(self.callback_handler.train_dataloader)
-                    if stream is not None:
-                        torch.save(stream.state_dict(), tmp / checkpoint.STREAM_STATE_NAME)
-                    if self.backend.scaler_state() is not None:
-                        torch.save(self.backend.scaler_state(), tmp / checkpoint.SCALER_NAME)
-                torch.save(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_NAME)
-                checkpoint.save_json(args.to_dict(), tmp / checkpoint.TRAINING_ARGS_JSON)
-                self.state.save_to_json(str(tmp / checkpoint.TRAINER_STATE_NAME))  # last: marks completeness
-
-            checkpoint.write_atomically(folder, write, fresh=False)
-        self.backend.barrier()  # every process agrees the save is complete before anything is deleted
-        if args.should_save:
-            checkpoint.remove_incomplete(args.output_dir)
-            checkpoint.rotate_checkpoints(args.output_dir, args.save_total_limit, self.state.best_model_checkpoint, folder)
-        return folder
+    def _checkpoint_objects(self, model: nn.Module, loop: LoopState | None) -> dict[str, Any]:
+        """What a checkpoint holds, by name (``checkpoint.save`` / ``checkpoint.load``); the weights are ``model``'s."""
+        return {"model": model, "processing_class": self.processing_class, "optimizer": self.optimizer,
+                "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
+                "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
+                "stream": data.stateful_stream(self.callback_handler.train_dataloader)}
 
     def _load_best_model(self) -> None:
         """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
@@ -1109,8 +949,7 @@ class Trainer:
         weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
         if self.args.should_save:
             logger.info(f"Saving model checkpoint to {output_dir}")
-            checkpoint.save_model_weights(self.backend.unwrap(self.model), output_dir, self.processing_class, weights)
-            torch.save(self.args.to_dict(), Path(output_dir) / checkpoint.TRAINING_ARGS_NAME)
+            checkpoint.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, weights, self.args)
         self.backend.barrier()
         if self.args.push_to_hub and not _internal_call:  # transformers: a save is also a push
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
@@ -1494,7 +1333,7 @@ class Trainer:
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         """Samples per optimizer step over all processes: per-device batch x accumulation x processes."""
-        return args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+        return BatchLayout.from_args(args).global_batch
 
     def get_sp_size(self) -> int:
         """Sequence-parallel size: 1 (cadence splits data only, never sequences)."""

@@ -1,0 +1,170 @@
+"""The state of one ``train()`` call's loop: where the data is, what was summed since the last log,
+and the per-step values the loop's helpers share.
+
+``LoopState`` is what a checkpoint keeps of the loop (``loop_state.json``, through ``state_dict``),
+so a resumed run logs exactly what an unbroken one logs; everything else on it lives only for the
+run. ``BatchLayout`` is the one place where the global batch and the steps of an epoch are worked
+out from the per-device batch, the accumulation and the number of processes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from . import data
+from .trainer_utils import has_length
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How the samples of one optimizer step are laid out: per-device batch x accumulation x processes.
+
+    Example:
+        >>> BatchLayout(8, 4, 2).global_batch, BatchLayout(8, 4, 2).steps_per_epoch(10)
+        (64, 3)
+    """
+
+    train_batch_size: int
+    gradient_accumulation_steps: int
+    world_size: int
+
+    @classmethod
+    def from_args(cls, args: Any) -> BatchLayout:
+        return cls(args.train_batch_size, args.gradient_accumulation_steps, args.world_size)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all processes."""
+        return self.train_batch_size * self.gradient_accumulation_steps * self.world_size
+
+    def steps_per_epoch(self, batches: int) -> int:
+        """Optimizer steps of an epoch of ``batches`` micro-batches per process (the last one may be shorter)."""
+        return max(math.ceil(batches / self.gradient_accumulation_steps), 1)
+
+
+def data_identity(dataset: Any) -> dict[str, Any]:
+    """What ``loop_state.json`` keeps of the training data to recognise it on resume: its length and,
+    for a ``datasets.Dataset``, its fingerprint (None where there is none)."""
+    return {"num_samples": len(dataset) if has_length(dataset) else None,
+            "fingerprint": getattr(dataset, "_fingerprint", None)}
+
+
+class LoopState:
+    """Every per-run value of the training loop; its ``state_dict`` is ``loop_state.json``.
+
+    The loss is summed on the device between logs and read (one host sync) only when logging: each
+    micro-batch's loss is only appended to a list (no device work on the hot path); the list is folded
+    into the sums when a log reads it. With ``filter_nonfinite``, a step whose loss is non-finite on
+    any process is counted and left out: the logged loss is the mean over the interval's finite steps,
+    ``train_loss`` the mean over the run's finite steps.
+
+    Args:
+        backend: the run's ``Backend`` (device, cross-process sums).
+        filter_nonfinite: ``logging_nan_inf_filter``.
+        tokens: the input-token counter (``include_num_input_tokens_seen``).
+        layout: this run's batch layout.
+        batches_per_epoch: micro-batches of one epoch on this process (None for a stream).
+        identity: what identifies the training data (its length and fingerprint), saved to refuse another.
+    """
+
+    FOLD_EVERY = 1024  # steps: bounds the list when nothing is logged for a long time
+
+    def __init__(self, backend: Any, filter_nonfinite: bool, tokens: data.TokenCounter | None = None,
+                 layout: BatchLayout | None = None, batches_per_epoch: int | None = None, identity: dict | None = None):
+        device = backend.device
+        self.backend = backend
+        # ---- saved in loop_state.json
+        self.sum = torch.zeros((), device=device, dtype=torch.float64)  # float32 would round long sums
+        # non-finite steps of this log interval, the same count on every process
+        self.nonfinite = torch.zeros((), device=device, dtype=torch.long) if filter_nonfinite else None
+        self.nonfinite_total = 0  # non-finite steps of the logged intervals, for train_loss
+        self.total = 0.0  # sum of the logged intervals, for train_loss
+        self.last_logged_step = 0
+        self.first_step = 0  # train_loss averages the steps from here (the resumed step when the sums were not saved)
+        self.epoch, self.batches_in_epoch, self.batches_per_epoch = 0, 0, batches_per_epoch  # where the data is
+        self.layout = layout  # what the position is counted in
+        self.identity = identity or {}  # the data the position is in
+        # ---- this run only
+        self.pending: list[torch.Tensor] = []
+        self.pending_steps: list[int] = []  # micro-batches of each pending step
+        self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
+        self.flos = 0.0  # this process's floating-point operations in this run
+        self.resumed_step = 0  # the step this train() call started from
+        self.initial_num_input_tokens_seen, self.initial_total_flos = 0, 0.0  # the state's counts at that step
+        self.start_time = time.time()
+        self.params: list[torch.nn.Parameter] = []  # read once, used every step (frozen ones have no grad)
+        self.skipped = self.skipped_total = 0  # optimizer steps fp16 loss scaling skipped (inf/NaN gradients)
+        # count items only where the count changes the result: accumulation or several processes
+        self.count_items = layout is not None and (layout.gradient_accumulation_steps > 1 or layout.world_size > 1)
+        self.split = 1  # each loaded batch is cut into this many micro-batches (auto_find_batch_size raises it)
+        self.micro_batches = 0  # micro-batches of the current step
+        self.items: torch.Tensor | None = None  # items of the current step over all processes (None: not counted)
+        self.grad_norm: torch.Tensor | None = None  # of the last step (None without clipping)
+        self.learning_rate = 0.0  # used by the last step
+
+    def begin(self, state: Any, params: list[torch.nn.Parameter]) -> None:
+        """Start the clock and note where the run starts (``state``: the ``TrainerState``, resumed or fresh)."""
+        self.resumed_step = state.global_step
+        self.initial_num_input_tokens_seen, self.initial_total_flos = state.num_input_tokens_seen, state.total_flos
+        self.params = params
+        self.start_time = time.time()
+
+    def count(self, window: list, floating_point_ops: Callable) -> None:
+        """Input tokens and FLOPs of one step's batches (no host sync)."""
+        for inputs in window:
+            self.tokens.add(inputs)
+            self.flos += floating_point_ops(inputs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain numbers (a float64 goes through JSON exactly); sums over processes (a collective)."""
+        self.fold()
+        nonfinite = 0 if self.nonfinite is None else int(self.nonfinite.item())
+        layout = asdict(self.layout) if self.layout is not None else {}
+        return {"loss_sum": self.backend.reduce_mean(self.sum.clone()).item(), "nonfinite": nonfinite, "total": self.total,
+                "nonfinite_total": self.nonfinite_total,
+                "last_logged_step": self.last_logged_step, "first_step": self.first_step, "epoch": self.epoch,
+                "batches_in_epoch": self.batches_in_epoch, "batches_per_epoch": self.batches_per_epoch,
+                **layout, **self.identity}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The sums of a saved ``state_dict`` (the position is read by ``checkpoint.load``)."""
+        self.sum.fill_(state["loss_sum"])  # every process: the logged value is their mean
+        if self.nonfinite is not None:  # a count of steps, the same on every process
+            self.nonfinite.fill_(state["nonfinite"])
+        self.total, self.last_logged_step, self.first_step = state["total"], state["last_logged_step"], state["first_step"]
+        self.nonfinite_total = state.get("nonfinite_total", 0)
+
+    def add(self, micro_batch_losses: list[torch.Tensor]) -> None:
+        """One optimizer step's micro-batch losses (their sum is the step's loss on this process)."""
+        self.pending.extend(micro_batch_losses)
+        self.pending_steps.append(len(micro_batch_losses))
+        if len(self.pending_steps) >= self.FOLD_EVERY:  # a step count: every process folds at the same step
+            self.fold()
+
+    def fold(self) -> None:
+        """Move the pending losses into the sums; never let one NaN hide the others, but count its step."""
+        if not self.pending:
+            return
+        losses = torch.stack(self.pending).double()  # summed in float64, like the running sum
+        sizes = torch.tensor(self.pending_steps, device=losses.device)
+        self.pending.clear()
+        self.pending_steps.clear()
+        if self.nonfinite is not None:
+            step_of = torch.arange(len(sizes), device=losses.device).repeat_interleave(sizes)
+            steps = losses.new_zeros(len(sizes)).index_add_(0, step_of, losses)
+            # a step is left out on every process when it is non-finite on any (a collective, no host sync)
+            bad = self.backend.reduce_sum((~torch.isfinite(steps)).long()) > 0
+            self.nonfinite += bad.sum()
+            losses = steps.masked_fill(bad, 0.0)
+        self.sum += losses.sum()
+
+    @staticmethod
+    def mean(loss_sum: float, steps: int, nonfinite: int) -> float:
+        """``loss_sum`` over the finite ones of ``steps``; NaN when none was finite."""
+        finite = steps - nonfinite
+        return loss_sum / finite if finite > 0 else float("nan")
