@@ -12,7 +12,7 @@ its own integration (``model.add_adapter(...)``, which sets ``_hf_peft_config_lo
   ``load_best_model_at_end``): the same tensors, so the optimizer's references stay valid.
 
 A model whose weights are quantized (bitsandbytes 4/8-bit) and that has no adapter cannot be
-trained: :func:`check_trainable` refuses it before the first step, as transformers does.
+trained: :func:`refuse_quantized_without_adapters` refuses it before the first step, as transformers does.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def has_adapters(model: nn.Module) -> bool:
     return bool(getattr(model, "_hf_peft_config_loaded", False))
 
 
-def check_trainable(model: nn.Module) -> None:
+def refuse_quantized_without_adapters(model: nn.Module) -> None:
     """Refuse a quantized model without adapters (its 4/8-bit weights take no gradient step).
 
     Raises:

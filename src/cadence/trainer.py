@@ -1,9 +1,12 @@
 """The ``Trainer``: ``transformers.Trainer``'s API over a small, exact loop.
 
-Read it in the order of the flow: ``__init__`` -> ``train`` -> ``_inner_training_loop`` (epoch ->
-optimizer step -> micro-batch) -> ``training_step`` -> ``compute_loss``; then ``evaluate`` /
-``predict`` -> ``evaluation_loop`` -> ``prediction_step``. Callbacks decide when to log, evaluate
-and save (``DefaultFlowCallback``); the Trainer acts on their requests.
+The class reads top to bottom in the order of the flow: construction, data, optimizer; ``train`` ->
+``_inner_training_loop`` (epoch -> optimizer step -> micro-batch) and its helpers in the order it calls
+them -> ``training_step`` -> ``compute_loss``; then ``evaluate`` / ``predict`` -> ``evaluation_loop`` ->
+``prediction_step``; saving and loading (``checkpoint.save``/``load``), the Hub, hyperparameter search,
+logging; last, transformers' remaining public helpers. Callbacks decide when to log, evaluate and save
+(``DefaultFlowCallback``); the Trainer acts on their requests. Every per-run value lives in one
+``LoopState`` (``loop_state.py``), which is also what a checkpoint's ``loop_state.json`` holds.
 """
 
 from __future__ import annotations
@@ -150,7 +153,7 @@ class Trainer:
             self._start_hub_pushes()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
-    # ------------------------------------------------------------------ set-up helpers
+    # ------------------------------------------------------------------ construction
 
     def _set_log_level(self) -> None:
         level = self.args.get_process_log_level()
@@ -188,7 +191,7 @@ class Trainer:
             neftune.input_embeddings(self.model)
         if args.activation_checkpointing:
             activation_checkpointing.check(self.model)
-        peft_support.check_trainable(self.model)  # a quantized model needs adapters to train
+        peft_support.refuse_quantized_without_adapters(self.model)  # a quantized model needs adapters to train
         self._refuse_ignored_overrides()
 
     @staticmethod
@@ -225,8 +228,6 @@ class Trainer:
         if processing_class is not None and hasattr(processing_class, "pad_token_id"):
             return data.DataCollatorWithPadding(processing_class)
         return data.default_data_collator
-
-    # ------------------------------------------------------------------ callbacks
 
     def add_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
         self.callback_handler.add_callback(callback)
@@ -330,6 +331,15 @@ class Trainer:
         return self._dataloader(test_dataset, self.args.eval_batch_size, description="test",
                                 evaluation=True)
 
+    def num_examples(self, dataloader: DataLoader) -> int:
+        """Samples behind ``dataloader``: its dataset's length, else batches x the per-device batch size."""
+        dataset = getattr(dataloader, "dataset", None)
+        if isinstance(dataset, data.IterableShard):
+            dataset = dataset.dataset
+        if has_length(dataset):
+            return len(dataset)
+        return len(dataloader) * self.args.per_device_train_batch_size
+
     # ------------------------------------------------------------------ optimizer and scheduler
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
@@ -354,7 +364,46 @@ class Trainer:
         self.create_optimizer()
         self.create_scheduler(num_training_steps, self.optimizer)
 
-    # ------------------------------------------------------------------ training
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of the parameters weight decay applies to (not biases, not norm layers; transformers' rule)."""
+        return optimization.get_decay_parameter_names(model)
+
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
+        """The optimizer class and its keyword arguments for ``args.optim`` (transformers' static method)."""
+        return optimization.get_optimizer_cls_and_kwargs(args, model)
+
+    def get_learning_rates(self) -> list[float]:
+        """The current learning rate of each optimizer parameter group."""
+        self._require_optimizer()
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_optimizer_group(self, param: str | nn.Parameter | None = None) -> dict[str, Any] | list[list[nn.Parameter]]:
+        """The optimizer group holding ``param`` (a parameter or its name in the model); without one, every
+        group's parameter list.
+
+        Example:
+            >>> trainer.create_optimizer(); trainer.get_optimizer_group("lin.bias")["weight_decay"]
+            0.0
+        """
+        self._require_optimizer()
+        if isinstance(param, str):
+            named = dict(self.backend.unwrap(self.model).named_parameters())
+            if param not in named:
+                raise ValueError(f"get_optimizer_group({param!r}): the model has no parameter of that name; "
+                                 f"its parameters are {sorted(named)[:8]}{' ...' if len(named) > 8 else ''}")
+            param = named[param]
+        if param is not None:
+            for group in self.optimizer.param_groups:
+                if any(p is param for p in group["params"]):  # identity: == on tensors compares values
+                    return group
+        return [group["params"] for group in self.optimizer.param_groups]
+
+    def _require_optimizer(self) -> None:
+        if self.optimizer is None:
+            raise ValueError("the Trainer has no optimizer yet: call trainer.create_optimizer() (or train()) first")
+
+    # ------------------------------------------------------------------ training: train() and the loop
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Train the model; returns ``TrainOutput(global_step, training_loss, metrics)``.
@@ -547,6 +596,24 @@ class Trainer:
 
         return self._finish_training(loop)
 
+    # ------------------------------------------------------------------ the loop's helpers, in the order the loop calls them
+
+    def _log_run_header(self, loop: LoopState) -> None:
+        """transformers' header, line for line: log readers and tools grep for this wording."""
+        args, batches_per_epoch, max_steps = self.args, loop.batches_per_epoch, self.state.max_steps
+        ga = loop.layout.gradient_accumulation_steps
+        examples = f"{len(self.train_dataset):,}" if has_length(self.train_dataset) else "Unknown"
+        per_epoch = f"{loop.layout.steps_per_epoch(batches_per_epoch):,}" if batches_per_epoch else "Unknown"
+        logger.info("***** Running training *****")
+        logger.info(f"  Num examples = {examples}")
+        logger.info(f"  Num Epochs = {self.state.num_train_epochs:,}")
+        logger.info(f"  Num update steps per epoch = {per_epoch}")
+        logger.info(f"  Instantaneous batch size per device = {args.per_device_train_batch_size:,}")
+        logger.info(f"  Total train batch size (w. parallel, distributed & accumulation) = {self.get_total_train_batch_size(args):,}")
+        logger.info(f"  Gradient Accumulation steps = {ga}")
+        logger.info(f"  Total optimization steps = {max_steps:,}")
+        logger.info(f"  Number of trainable parameters = {self.get_num_trainable_parameters():,}")
+
     def _begin_epoch(self, train_dataloader: DataLoader, epoch: int, resume: checkpoint.ResumePoint | None, loop: LoopState):
         """Order the epoch's data (after a resume: without the batches already trained), fire
         ``on_epoch_begin`` and return the batch iterator; ``loop``'s position is set to the epoch's start."""
@@ -590,21 +657,6 @@ class Trainer:
                 self._shrink_train_batch(error, model, window, loop)
         loop.add(step_losses)
 
-    def _optimizer_step(self, loop: LoopState) -> None:
-        """Clip, step (fp16 loss scaling may skip it), schedule, zero; notes the step's grad norm and learning rate."""
-        params = loop.params
-        if self.args.max_grad_norm:
-            loop.grad_norm = self.backend.clip_grad_norm(params, self.args.max_grad_norm, self.optimizer)
-        self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
-        stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
-        self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
-        loop.learning_rate = self.optimizer.param_groups[0]["lr"]
-        loop.skipped += not stepped
-        if stepped and not isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):  # those step on eval metrics
-            self.lr_scheduler.step()
-        for p in params:  # model.zero_grad(set_to_none=True), without walking the module tree every step
-            p.grad = None
-
     def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, loop: LoopState) -> None:
         """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free
         memory, and cut each batch into twice as many micro-batches (``loop.split``), so the per-device batch
@@ -627,211 +679,20 @@ class Trainer:
             items = loss_utils.window_items(window, self._shifts_labels)
             loop.items = None if items is None else items.to(self.backend.device)
 
-    def _shrink_eval_batch(self, error: Exception) -> None:
-        """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): halve the eval batch."""
-        size = self.args.per_device_eval_batch_size
-        if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
-            raise error
-        self.backend.free_memory()
-        self.args.per_device_eval_batch_size = size // 2
-        logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
-
-    def _log_run_header(self, loop: LoopState) -> None:
-        """transformers' header, line for line: log readers and tools grep for this wording."""
-        args, batches_per_epoch, max_steps = self.args, loop.batches_per_epoch, self.state.max_steps
-        ga = loop.layout.gradient_accumulation_steps
-        examples = f"{len(self.train_dataset):,}" if has_length(self.train_dataset) else "Unknown"
-        per_epoch = f"{loop.layout.steps_per_epoch(batches_per_epoch):,}" if batches_per_epoch else "Unknown"
-        logger.info("***** Running training *****")
-        logger.info(f"  Num examples = {examples}")
-        logger.info(f"  Num Epochs = {self.state.num_train_epochs:,}")
-        logger.info(f"  Num update steps per epoch = {per_epoch}")
-        logger.info(f"  Instantaneous batch size per device = {args.per_device_train_batch_size:,}")
-        logger.info(f"  Total train batch size (w. parallel, distributed & accumulation) = {self.get_total_train_batch_size(args):,}")
-        logger.info(f"  Gradient Accumulation steps = {ga}")
-        logger.info(f"  Total optimization steps = {max_steps:,}")
-        logger.info(f"  Number of trainable parameters = {self.get_num_trainable_parameters():,}")
-
-    def _finish_training(self, loop: LoopState) -> TrainOutput:
-        loop.fold()
-        loop.total += self.backend.reduce_mean(loop.sum).item()
-        if loop.nonfinite is not None:  # the steps since the last log
-            loop.nonfinite_total += int(loop.nonfinite.item())
-            loop.nonfinite.zero_()
-        self._store_counts(loop)
-        steps, bad = max(self.state.global_step - loop.first_step, 1), loop.nonfinite_total
-        train_loss = loop.mean(loop.total, steps, bad)  # over the finite steps
-        if bad == steps:
-            logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
-        steps = self.state.global_step - loop.resumed_step  # speed counts this call's steps only
-        num_samples = steps * self.get_total_train_batch_size(self.args)
-        tokens = self.state.num_input_tokens_seen - loop.initial_num_input_tokens_seen
-        metrics = speed_metrics("train", loop.start_time, num_samples=num_samples, num_steps=steps,
-                                num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
-        metrics["total_flos"] = self.state.total_flos
-        mfu = estimate_mfu(self.state.total_flos - loop.initial_total_flos, metrics["train_runtime"],
-                           self.backend.device, self.args.world_size)
-        if mfu is not None:  # on GPUs of known peak only
-            metrics["train_mfu"] = mfu
-        metrics["train_loss"] = train_loss
-        skipped = loop.skipped_total + loop.skipped
-        if skipped:
-            metrics["train_skipped_optimizer_steps"] = skipped
-        if bad:
-            metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
-        jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, checkpoint.JITCheckpointCallback)), None)
-        self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
-        if self.state.interrupted:
-            metrics["interrupted"] = True
-            logger.warning(
-                "training was interrupted by %s at step %d of %d: checkpoint-%d is saved and the model is only partly "
-                "trained; exit with a non-zero status so the scheduler requeues the job, and resume with "
-                "train(resume_from_checkpoint=True)", jit.requested, self.state.global_step, self.state.max_steps,
-                self.state.global_step)
-        self.log(metrics)
-        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            self._load_best_model()
-        self.model.eval()
-        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
-        return TrainOutput(self.state.global_step, train_loss, metrics)
-
-    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its detached share of the step's loss.
-
-        Args:
-            model: the (possibly wrapped) model.
-            inputs: the micro-batch.
-            num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
-        """
-        checks.check_batch(inputs)
-        inputs = self._prepare_inputs(inputs)
-        with self.compute_loss_context_manager():
-            count = {"num_items_in_batch": num_items_in_batch} if self._compute_loss_takes_items else {}
-            try:
-                loss = self.compute_loss(model, inputs, **count)
-            except RuntimeError as error:  # torch's dtype error for float labels, explained
-                checks.explain_label_error(error, inputs)
-                raise
-        if not (torch.is_tensor(loss) and loss.dim() == 0 and loss.requires_grad):
-            checks.check_loss(loss, self._loss_source(model))
-        normalised = num_items_in_batch is not None and self._loss_is_normalised()
-        weight = loss_utils.micro_batch_weight(
-            inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
-        )
-        if num_items_in_batch is not None:
-            weight = weight * self.backend.world_size  # data parallelism averages gradients over processes
-        if torch.is_tensor(weight):
-            loss = loss * weight.to(loss.dtype)  # the ratio in the loss's precision (float64 models stay exact)
-        elif weight != 1.0:
-            loss = loss * weight
-        self.backend.backward(loss)
-        return loss.detach()
-
-    def _loss_source(self, model: nn.Module) -> str:
-        """What produced the loss, for error messages."""
-        if type(self).compute_loss is not Trainer.compute_loss:
-            return f"{type(self).__name__}.compute_loss"
-        if self.compute_loss_func is not None:
-            return f"compute_loss_func ({getattr(self.compute_loss_func, '__name__', type(self.compute_loss_func).__name__)})"
-        return f"the model's forward ({type(self.backend.unwrap(model)).__name__}, its loss output)"
-
-    def _loss_is_normalised(self) -> bool:
-        """Whether ``compute_loss`` returns the step-normalised sum (divided by ``num_items_in_batch``)
-        rather than its batch's mean. An overridden ``compute_loss`` that has no ``num_items_in_batch``
-        parameter cannot normalise, so its mean is weighted by the batch's share of the step's items."""
-        if self.loss_is_scaled_for_ga is not None:
-            return self.loss_is_scaled_for_ga
-        if not self._compute_loss_takes_items:
-            return False
-        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
-
-    def compute_loss_context_manager(self):
-        """The context of forward and loss: autocast with ``bf16``/``fp16`` (HF's name, for subclasses)."""
-        return self.backend.autocast()
-
-    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
-        """The loss of one batch: ``compute_loss_func`` > label smoothing > the model's own loss.
-
-        Args:
-            model: the model to run.
-            inputs: the batch, as a dict of tensors.
-            return_outputs: also return the model outputs.
-            num_items_in_batch: the step's item count; given to ``compute_loss_func``, the label
-                smoother, and models that accept it.
-
-        Returns:
-            the loss, or ``(loss, outputs)`` with ``return_outputs``.
-        """
-        labels = None
-        if (self.compute_loss_func is not None or self.label_smoother is not None) and "labels" in inputs:
-            inputs = dict(inputs)
-            labels = inputs.pop("labels")
-        if self.model_accepts_loss_kwargs and num_items_in_batch is not None and isinstance(inputs, Mapping):
-            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
-        outputs = model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
-        if labels is not None and self.compute_loss_func is not None:
-            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        elif labels is not None:
-            loss = self.label_smoother(outputs, labels, shift_labels=self._shifts_labels, num_items_in_batch=num_items_in_batch)
-        else:
-            loss = self._loss_from_outputs(outputs, inputs)
-        return (loss, outputs) if return_outputs else loss
-
-    def _loss_from_outputs(self, outputs: Any, inputs: Any) -> torch.Tensor:
-        if isinstance(outputs, Mapping) and outputs.get("loss") is not None:
-            return outputs["loss"]
-        if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
-            return outputs[0]
-        if torch.is_tensor(outputs) and outputs.dim() == 0:
-            return outputs
-        keys = list(outputs.keys()) if isinstance(outputs, Mapping) else type(outputs).__name__
-        given = list(inputs.keys()) if isinstance(inputs, Mapping) else type(inputs).__name__
-        raise ValueError(
-            f"the model did not return a loss (it returned {keys}; its inputs were {given}). Give the batches "
-            "'labels' the model uses to compute its loss, pass compute_loss_func=..., or override compute_loss"
-        )
-
-    def _prepare_inputs(self, inputs: Any) -> Any:
-        """Move a batch (dict, tuple or tensor, nested) to the device."""
-        device = self.backend.device
-        if isinstance(inputs, Mapping):
-            return type(inputs)({k: self._prepare_inputs(v) for k, v in inputs.items()})
-        if isinstance(inputs, (tuple, list)):
-            return type(inputs)(self._prepare_inputs(v) for v in inputs)
-        if torch.is_tensor(inputs) and inputs.device != device:
-            return inputs.to(device, non_blocking=True)
-        return inputs
-
-    # ------------------------------------------------------------------ log / evaluate / save
-
-    def _store_counts(self, loop: LoopState) -> None:
-        """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
-        self.state.num_input_tokens_seen = loop.initial_num_input_tokens_seen + int(
-            self.backend.reduce_sum(loop.tokens.total(self.backend.device)).item())
-        flos = torch.tensor(loop.flos, dtype=torch.float64, device=self.backend.device)
-        self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum(flos).item()
-
-    def floating_point_ops(self, inputs: dict[str, Any]) -> float:
-        """Forward and backward FLOPs of one batch: the model's ``floating_point_ops(inputs)`` when it
-        has one, else 6 x parameters x tokens of the main input (samples when there is none); for
-        ``transformers`` models the parameters exclude the embeddings, as HF counts.
-
-        Args:
-            inputs: the batch.
-        """
-        model = self.model
-        rate = self.__dict__.get("_flops_rate")
-        if rate is None or rate[0] is not model:  # looked up once per model: this runs every micro-batch
-            own = getattr(model, "floating_point_ops", None)
-            if callable(getattr(model, "num_parameters", None)):
-                params = model.num_parameters(exclude_embeddings=True)
-            else:
-                params = sum(p.numel() for p in model.parameters())
-            rate = self._flops_rate = (model, own if callable(own) else None, getattr(model, "main_input_name", "input_ids"), 6.0 * params)
-        _, own, main_input, per_token = rate
-        if own is not None and isinstance(inputs, Mapping):
-            return float(own(inputs))
-        return per_token * data.batch_tokens(inputs, main_input)
+    def _optimizer_step(self, loop: LoopState) -> None:
+        """Clip, step (fp16 loss scaling may skip it), schedule, zero; notes the step's grad norm and learning rate."""
+        params = loop.params
+        if self.args.max_grad_norm:
+            loop.grad_norm = self.backend.clip_grad_norm(params, self.args.max_grad_norm, self.optimizer)
+        self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
+        stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
+        self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
+        loop.learning_rate = self.optimizer.param_groups[0]["lr"]
+        loop.skipped += not stepped
+        if stepped and not isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):  # those step on eval metrics
+            self.lr_scheduler.step()
+        for p in params:  # model.zero_grad(set_to_none=True), without walking the module tree every step
+            p.grad = None
 
     def _maybe_log_save_evaluate(self, loop: LoopState, ignore_keys_for_eval) -> None:
         if self.control.should_log or self.control.should_save:
@@ -877,25 +738,6 @@ class Trainer:
             self._save_checkpoint(self.model_wrapped, loop_state=loop)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Add ``epoch`` and ``step``, append to ``state.log_history``, and fire ``on_log``.
-
-        Args:
-            logs: the values to log.
-            start_time: when training started; with ``include_num_input_tokens_seen``, the logs also get
-                ``train_runtime`` and ``train_tokens_per_second`` over the tokens seen since this run began.
-        """
-        if self.state.epoch is not None:
-            logs["epoch"] = self.state.epoch
-        if self.args.include_num_input_tokens_seen != "no":
-            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
-            if start_time is not None:  # HF adds the run's token throughput to the step logs
-                before = self._loop.initial_num_input_tokens_seen if self._loop is not None else 0
-                session = self.state.num_input_tokens_seen - before
-                logs.update(speed_metrics("train", start_time, num_tokens=session))
-        self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
-
     def _evaluate(self, ignore_keys_for_eval=None) -> dict[str, float]:
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
         self.model_wrapped.train()
@@ -913,115 +755,188 @@ class Trainer:
             self.state.best_global_step = self.state.global_step
         return True
 
-    def _save_checkpoint(self, model: nn.Module, trial: Any = None, loop_state: LoopState | None = None) -> Path:
-        """Write ``checkpoint-{global_step}`` atomically, then rotate (``checkpoint.save``; every process calls it).
+    def _store_counts(self, loop: LoopState) -> None:
+        """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
+        self.state.num_input_tokens_seen = loop.initial_num_input_tokens_seen + int(
+            self.backend.reduce_sum(loop.tokens.total(self.backend.device)).item())
+        flos = torch.tensor(loop.flos, dtype=torch.float64, device=self.backend.device)
+        self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum(flos).item()
+
+    def _finish_training(self, loop: LoopState) -> TrainOutput:
+        loop.fold()
+        loop.total += self.backend.reduce_mean(loop.sum).item()
+        if loop.nonfinite is not None:  # the steps since the last log
+            loop.nonfinite_total += int(loop.nonfinite.item())
+            loop.nonfinite.zero_()
+        self._store_counts(loop)
+        steps, bad = max(self.state.global_step - loop.first_step, 1), loop.nonfinite_total
+        train_loss = loop.mean(loop.total, steps, bad)  # over the finite steps
+        if bad == steps:
+            logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
+        steps = self.state.global_step - loop.resumed_step  # speed counts this call's steps only
+        num_samples = steps * self.get_total_train_batch_size(self.args)
+        tokens = self.state.num_input_tokens_seen - loop.initial_num_input_tokens_seen
+        metrics = speed_metrics("train", loop.start_time, num_samples=num_samples, num_steps=steps,
+                                num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
+        metrics["total_flos"] = self.state.total_flos
+        mfu = estimate_mfu(self.state.total_flos - loop.initial_total_flos, metrics["train_runtime"],
+                           self.backend.device, self.args.world_size)
+        if mfu is not None:  # on GPUs of known peak only
+            metrics["train_mfu"] = mfu
+        metrics["train_loss"] = train_loss
+        skipped = loop.skipped_total + loop.skipped
+        if skipped:
+            metrics["train_skipped_optimizer_steps"] = skipped
+        if bad:
+            metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
+        jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, checkpoint.JITCheckpointCallback)), None)
+        self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
+        if self.state.interrupted:
+            metrics["interrupted"] = True
+            logger.warning(
+                "training was interrupted by %s at step %d of %d: checkpoint-%d is saved and the model is only partly "
+                "trained; exit with a non-zero status so the scheduler requeues the job, and resume with "
+                "train(resume_from_checkpoint=True)", jit.requested, self.state.global_step, self.state.max_steps,
+                self.state.global_step)
+        self.log(metrics)
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            self._load_best_model()
+        self.model.eval()
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+        return TrainOutput(self.state.global_step, train_loss, metrics)
+
+    # ------------------------------------------------------------------ one micro-batch: training_step -> compute_loss
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its detached share of the step's loss.
 
         Args:
-            model: the model being trained (its unwrapped module is what is saved).
-            trial: unused (transformers' signature).
-            loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume.
+            model: the (possibly wrapped) model.
+            inputs: the micro-batch.
+            num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
         """
-        args = self.args
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        best_step = self.state.best_global_step
-        if best_step and args.save_strategy in ("steps", "epoch", "best"):
-            best = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
-            if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
-                self.state.best_model_checkpoint = str(best)
-        return checkpoint.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args)
+        checks.check_batch(inputs)
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            count = {"num_items_in_batch": num_items_in_batch} if self._compute_loss_takes_items else {}
+            try:
+                loss = self.compute_loss(model, inputs, **count)
+            except RuntimeError as error:  # torch's dtype error for float labels, explained
+                checks.explain_label_error(error, inputs)
+                raise
+        if not (torch.is_tensor(loss) and loss.dim() == 0 and loss.requires_grad):
+            checks.check_loss(loss, self._loss_source(model))
+        normalised = num_items_in_batch is not None and self._loss_is_normalised()
+        weight = loss_utils.micro_batch_weight(
+            inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
+        )
+        if num_items_in_batch is not None:
+            weight = weight * self.backend.world_size  # data parallelism averages gradients over processes
+        if torch.is_tensor(weight):
+            loss = loss * weight.to(loss.dtype)  # the ratio in the loss's precision (float64 models stay exact)
+        elif weight != 1.0:
+            loss = loss * weight
+        self.backend.backward(loss)
+        return loss.detach()
 
-    def _checkpoint_objects(self, model: nn.Module, loop: LoopState | None) -> dict[str, Any]:
-        """What a checkpoint holds, by name (``checkpoint.save`` / ``checkpoint.load``); the weights are ``model``'s."""
-        return {"model": model, "processing_class": self.processing_class, "optimizer": self.optimizer,
-                "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
-                "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
-                "stream": data.stateful_stream(self.callback_handler.train_dataloader)}
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        """Move a batch (dict, tuple or tensor, nested) to the device."""
+        device = self.backend.device
+        if isinstance(inputs, Mapping):
+            return type(inputs)({k: self._prepare_inputs(v) for k, v in inputs.items()})
+        if isinstance(inputs, (tuple, list)):
+            return type(inputs)(self._prepare_inputs(v) for v in inputs)
+        if torch.is_tensor(inputs) and inputs.device != device:
+            return inputs.to(device, non_blocking=True)
+        return inputs
 
-    def _load_best_model(self) -> None:
-        """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
-        logger.info("loading the best model from %s (%s=%s)", self.state.best_model_checkpoint,
-                    self.args.metric_for_best_model, self.state.best_metric)
-        self.backend.load_model_weights(self.model, self.state.best_model_checkpoint)
+    def compute_loss_context_manager(self):
+        """The context of forward and loss: autocast with ``bf16``/``fp16`` (HF's name, for subclasses)."""
+        return self.backend.autocast()
 
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
-        if self.args.should_save:
-            logger.info(f"Saving model checkpoint to {output_dir}")
-            checkpoint.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, weights, self.args)
-        self.backend.barrier()
-        if self.args.push_to_hub and not _internal_call:  # transformers: a save is also a push
-            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
-
-    # ------------------------------------------------------------------ hyperparameter search and the Hub
-
-    def call_model_init(self, trial: Any = None) -> nn.Module:
-        """A new model from ``model_init()``, or ``model_init(trial)`` when it takes one argument."""
-        from . import hyperparameter_search
-        return hyperparameter_search.call_model_init(self.model_init, trial)
-
-    def hyperparameter_search(self, hp_space: Callable | None = None, compute_objective: Callable | None = None,
-                              n_trials: int = 20, direction: str | list[str] = "minimize", backend: str | None = None,
-                              hp_name: Callable | None = None, **kwargs):
-        """Search hyperparameters with optuna or ray tune; each trial trains a fresh model from ``model_init``.
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
+        """The loss of one batch: ``compute_loss_func`` > label smoothing > the model's own loss.
 
         Args:
-            hp_space: ``f(trial) -> {TrainingArguments field: value}`` (default: the backend's, as transformers).
-            compute_objective: ``f(eval metrics) -> float`` (default: the eval loss, or the sum of the
-                other metrics when there are some).
-            n_trials: trials to run.
-            direction: ``"minimize"``/``"maximize"``, or a list of them (multi-objective optuna).
-            backend: ``"optuna"`` or ``"ray"`` (default: the first installed).
-            hp_name: ``f(trial) -> str``, the trial's folder under ``output_dir`` (default ``run-{trial id}``).
-            kwargs: for the library (optuna: ``storage``, ``study_name``, ``load_if_exists``, ``pruner``,
-                ``sampler``, ``timeout``, ``gc_after_trial``; ray: ``resources_per_trial``, ``scheduler``, ...).
+            model: the model to run.
+            inputs: the batch, as a dict of tensors.
+            return_outputs: also return the model outputs.
+            num_items_in_batch: the step's item count; given to ``compute_loss_func``, the label
+                smoother, and models that accept it.
 
         Returns:
-            ``BestRun(run_id, objective, hyperparameters, run_summary)``; a list of them for several directions.
-
-        Example:
-            >>> best = trainer.hyperparameter_search(n_trials=10, backend="optuna")
-            >>> best.hyperparameters["learning_rate"]
+            the loss, or ``(loss, outputs)`` with ``return_outputs``.
         """
-        from . import hyperparameter_search
-        return hyperparameter_search.hyperparameter_search(self, hp_space, compute_objective, n_trials, direction,
-                                                           backend, hp_name, **kwargs)
+        labels = None
+        if (self.compute_loss_func is not None or self.label_smoother is not None) and "labels" in inputs:
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None and isinstance(inputs, Mapping):
+            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+        outputs = model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
+        if labels is not None and self.compute_loss_func is not None:
+            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        elif labels is not None:
+            loss = self.label_smoother(outputs, labels, shift_labels=self._shifts_labels, num_items_in_batch=num_items_in_batch)
+        else:
+            loss = self._loss_from_outputs(outputs, inputs)
+        return (loss, outputs) if return_outputs else loss
 
-    def init_hf_repo(self, token: str | None = None):
-        """Create the Hub repository (``hub_model_id``, or named after ``output_dir``) unless it exists; returns it."""
-        from . import hub
-        if self.args.should_save:
-            self.hub_repo = hub.HubRepo(self.args, token)
-            self.hub_model_id = self.hub_repo.repo_id
-        return self.hub_repo
+    def _loss_source(self, model: nn.Module) -> str:
+        """What produced the loss, for error messages."""
+        if type(self).compute_loss is not Trainer.compute_loss:
+            return f"{type(self).__name__}.compute_loss"
+        if self.compute_loss_func is not None:
+            return f"compute_loss_func ({getattr(self.compute_loss_func, '__name__', type(self.compute_loss_func).__name__)})"
+        return f"the model's forward ({type(self.backend.unwrap(model)).__name__}, its loss output)"
 
-    def _start_hub_pushes(self) -> None:
-        from . import hub
-        if self.init_hf_repo() is not None:
-            self.add_callback(hub.HubCallback(self.hub_repo))
+    def _loss_is_normalised(self) -> bool:
+        """Whether ``compute_loss`` returns the step-normalised sum (divided by ``num_items_in_batch``)
+        rather than its batch's mean. An overridden ``compute_loss`` that has no ``num_items_in_batch``
+        parameter cannot normalise, so its mean is weighted by the batch's share of the step's items."""
+        if self.loss_is_scaled_for_ga is not None:
+            return self.loss_is_scaled_for_ga
+        if not self._compute_loss_takes_items:
+            return False
+        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
 
-    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
-                    revision: str | None = None, **kwargs):
-        """Save the model, write its model card, and upload ``output_dir`` (without checkpoints) to the Hub.
+    def _loss_from_outputs(self, outputs: Any, inputs: Any) -> torch.Tensor:
+        if isinstance(outputs, Mapping) and outputs.get("loss") is not None:
+            return outputs["loss"]
+        if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
+            return outputs[0]
+        if torch.is_tensor(outputs) and outputs.dim() == 0:
+            return outputs
+        keys = list(outputs.keys()) if isinstance(outputs, Mapping) else type(outputs).__name__
+        given = list(inputs.keys()) if isinstance(inputs, Mapping) else type(inputs).__name__
+        raise ValueError(
+            f"the model did not return a loss (it returned {keys}; its inputs were {given}). Give the batches "
+            "'labels' the model uses to compute its loss, pass compute_loss_func=..., or override compute_loss"
+        )
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> float:
+        """Forward and backward FLOPs of one batch: the model's ``floating_point_ops(inputs)`` when it
+        has one, else 6 x parameters x tokens of the main input (samples when there is none); for
+        ``transformers`` models the parameters exclude the embeddings, as HF counts.
 
         Args:
-            commit_message: the commit's message.
-            blocking: wait for the upload (else a ``Future`` is returned).
-            token: overrides ``hub_token``.
-            revision: the branch to push to (default ``hub_revision``, else the main branch).
-            kwargs: for the model card (``model_name``, ``language``, ``license``, ``tags``, ``finetuned_from``, ...).
-
-        Returns:
-            the commit's ``CommitInfo`` (a ``Future`` of it when not blocking); None on other processes.
-
-        Example:
-            >>> trainer.push_to_hub("first version")
+            inputs: the batch.
         """
-        from . import hub
-        return hub.push_to_hub(self, commit_message, blocking, token, revision, **kwargs)
+        model = self.model
+        rate = self.__dict__.get("_flops_rate")
+        if rate is None or rate[0] is not model:  # looked up once per model: this runs every micro-batch
+            own = getattr(model, "floating_point_ops", None)
+            if callable(getattr(model, "num_parameters", None)):
+                params = model.num_parameters(exclude_embeddings=True)
+            else:
+                params = sum(p.numel() for p in model.parameters())
+            rate = self._flops_rate = (model, own if callable(own) else None, getattr(model, "main_input_name", "input_ids"), 6.0 * params)
+        _, own, main_input, per_token = rate
+        if own is not None and isinstance(inputs, Mapping):
+            return float(own(inputs))
+        return per_token * data.batch_tokens(inputs, main_input)
 
-    # ------------------------------------------------------------------ evaluation and prediction
+    # ------------------------------------------------------------------ evaluation and prediction: evaluate/predict -> evaluation_loop -> prediction_step
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Run evaluation; returns metrics (``{prefix}_loss``, ``compute_metrics``' values, speed).
@@ -1076,6 +991,15 @@ class Trainer:
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
                                             num_steps=math.ceil(output.num_samples / (self.args.eval_batch_size * self.args.world_size))))
         return output
+
+    def _shrink_eval_batch(self, error: Exception) -> None:
+        """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): halve the eval batch."""
+        size = self.args.per_device_eval_batch_size
+        if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
+            raise error
+        self.backend.free_memory()
+        self.args.per_device_eval_batch_size = size // 2
+        logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
 
     def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
@@ -1180,7 +1104,169 @@ class Trainer:
         logits = evaluation.outputs_to_logits(outputs, skip, has_labels)
         return loss, logits, labels
 
-    # ------------------------------------------------------------------ Script-facing helpers
+    # ------------------------------------------------------------------ saving and loading
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any = None, loop_state: LoopState | None = None) -> Path:
+        """Write ``checkpoint-{global_step}`` atomically, then rotate (``checkpoint.save``; every process calls it).
+
+        Args:
+            model: the model being trained (its unwrapped module is what is saved).
+            trial: unused (transformers' signature).
+            loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume.
+        """
+        args = self.args
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        best_step = self.state.best_global_step
+        if best_step and args.save_strategy in ("steps", "epoch", "best"):
+            best = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
+            if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
+                self.state.best_model_checkpoint = str(best)
+        return checkpoint.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args)
+
+    def _checkpoint_objects(self, model: nn.Module, loop: LoopState | None) -> dict[str, Any]:
+        """What a checkpoint holds, by name (``checkpoint.save`` / ``checkpoint.load``); the weights are ``model``'s."""
+        return {"model": model, "processing_class": self.processing_class, "optimizer": self.optimizer,
+                "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
+                "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
+                "stream": data.stateful_stream(self.callback_handler.train_dataloader)}
+
+    def _load_best_model(self) -> None:
+        """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
+        logger.info("loading the best model from %s (%s=%s)", self.state.best_model_checkpoint,
+                    self.args.metric_for_best_model, self.state.best_metric)
+        self.backend.load_model_weights(self.model, self.state.best_model_checkpoint)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
+        if self.args.should_save:
+            logger.info(f"Saving model checkpoint to {output_dir}")
+            checkpoint.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, weights, self.args)
+        self.backend.barrier()
+        if self.args.push_to_hub and not _internal_call:  # transformers: a save is also a push
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def save_state(self) -> None:
+        """Write ``TrainerState`` to ``{output_dir}/trainer_state.json`` (main process only)."""
+        if not self.is_world_process_zero():
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        self.state.save_to_json(os.path.join(self.args.output_dir, checkpoint.TRAINER_STATE_NAME))
+
+    def create_model_card(self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,
+                          model_name: str | None = None, finetuned_from: str | None = None, tasks: str | list[str] | None = None,
+                          dataset_tags: str | list[str] | None = None, dataset: str | list[str] | None = None,
+                          dataset_args: str | list[str] | None = None) -> None:
+        """Write a draft model card, ``{output_dir}/README.md``, from the run's hyperparameters, evaluation
+        results and ``log_history`` (main process only; nothing is downloaded).
+
+        Args:
+            language, license, tags: card metadata (``generated_from_trainer`` is always among the tags).
+            model_name: the title (default: the name of ``output_dir``).
+            finetuned_from: the base model (default: the model config's ``_name_or_path`` when it is a Hub name).
+            tasks, dataset_tags, dataset, dataset_args: transformers' arguments; datasets are named in the text.
+        """
+        if not self.is_world_process_zero():
+            return
+        from .model_card import model_card
+
+        text = model_card(self, language=language, license=license, tags=tags, model_name=model_name,
+                          finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags, dataset=dataset,
+                          dataset_args=dataset_args)
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        Path(self.args.output_dir, "README.md").write_text(text, encoding="utf-8")
+
+    # ------------------------------------------------------------------ the Hub
+
+    def init_hf_repo(self, token: str | None = None):
+        """Create the Hub repository (``hub_model_id``, or named after ``output_dir``) unless it exists; returns it."""
+        from . import hub
+        if self.args.should_save:
+            self.hub_repo = hub.HubRepo(self.args, token)
+            self.hub_model_id = self.hub_repo.repo_id
+        return self.hub_repo
+
+    def _start_hub_pushes(self) -> None:
+        from . import hub
+        if self.init_hf_repo() is not None:
+            self.add_callback(hub.HubCallback(self.hub_repo))
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, **kwargs):
+        """Save the model, write its model card, and upload ``output_dir`` (without checkpoints) to the Hub.
+
+        Args:
+            commit_message: the commit's message.
+            blocking: wait for the upload (else a ``Future`` is returned).
+            token: overrides ``hub_token``.
+            revision: the branch to push to (default ``hub_revision``, else the main branch).
+            kwargs: for the model card (``model_name``, ``language``, ``license``, ``tags``, ``finetuned_from``, ...).
+
+        Returns:
+            the commit's ``CommitInfo`` (a ``Future`` of it when not blocking); None on other processes.
+
+        Example:
+            >>> trainer.push_to_hub("first version")
+        """
+        from . import hub
+        return hub.push_to_hub(self, commit_message, blocking, token, revision, **kwargs)
+
+    # ------------------------------------------------------------------ hyperparameter search
+
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        """A new model from ``model_init()``, or ``model_init(trial)`` when it takes one argument."""
+        from . import hyperparameter_search
+        return hyperparameter_search.call_model_init(self.model_init, trial)
+
+    def hyperparameter_search(self, hp_space: Callable | None = None, compute_objective: Callable | None = None,
+                              n_trials: int = 20, direction: str | list[str] = "minimize", backend: str | None = None,
+                              hp_name: Callable | None = None, **kwargs):
+        """Search hyperparameters with optuna or ray tune; each trial trains a fresh model from ``model_init``.
+
+        Args:
+            hp_space: ``f(trial) -> {TrainingArguments field: value}`` (default: the backend's, as transformers).
+            compute_objective: ``f(eval metrics) -> float`` (default: the eval loss, or the sum of the
+                other metrics when there are some).
+            n_trials: trials to run.
+            direction: ``"minimize"``/``"maximize"``, or a list of them (multi-objective optuna).
+            backend: ``"optuna"`` or ``"ray"`` (default: the first installed).
+            hp_name: ``f(trial) -> str``, the trial's folder under ``output_dir`` (default ``run-{trial id}``).
+            kwargs: for the library (optuna: ``storage``, ``study_name``, ``load_if_exists``, ``pruner``,
+                ``sampler``, ``timeout``, ``gc_after_trial``; ray: ``resources_per_trial``, ``scheduler``, ...).
+
+        Returns:
+            ``BestRun(run_id, objective, hyperparameters, run_summary)``; a list of them for several directions.
+
+        Example:
+            >>> best = trainer.hyperparameter_search(n_trials=10, backend="optuna")
+            >>> best.hyperparameters["learning_rate"]
+        """
+        from . import hyperparameter_search
+        return hyperparameter_search.hyperparameter_search(self, hp_space, compute_objective, n_trials, direction,
+                                                           backend, hp_name, **kwargs)
+
+    # ------------------------------------------------------------------ logging and metrics
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add ``epoch`` and ``step``, append to ``state.log_history``, and fire ``on_log``.
+
+        Args:
+            logs: the values to log.
+            start_time: when training started; with ``include_num_input_tokens_seen``, the logs also get
+                ``train_runtime`` and ``train_tokens_per_second`` over the tokens seen since this run began.
+        """
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+            if start_time is not None:  # HF adds the run's token throughput to the step logs
+                before = self._loop.initial_num_input_tokens_seen if self._loop is not None else 0
+                session = self.state.num_input_tokens_seen - before
+                logs.update(speed_metrics("train", start_time, num_tokens=session))
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
+
     # What scripts call around train()/evaluate(), with transformers' names, signatures and files.
 
     def is_world_process_zero(self) -> bool:
@@ -1245,53 +1331,7 @@ class Trainer:
             merged = {**(json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}), **metrics}
             path.write_text(json.dumps(merged, indent=4, sort_keys=True), encoding="utf-8")
 
-    def save_state(self) -> None:
-        """Write ``TrainerState`` to ``{output_dir}/trainer_state.json`` (main process only)."""
-        if not self.is_world_process_zero():
-            return
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        self.state.save_to_json(os.path.join(self.args.output_dir, checkpoint.TRAINER_STATE_NAME))
-
-    def create_model_card(self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,
-                          model_name: str | None = None, finetuned_from: str | None = None, tasks: str | list[str] | None = None,
-                          dataset_tags: str | list[str] | None = None, dataset: str | list[str] | None = None,
-                          dataset_args: str | list[str] | None = None) -> None:
-        """Write a draft model card, ``{output_dir}/README.md``, from the run's hyperparameters, evaluation
-        results and ``log_history`` (main process only; nothing is downloaded).
-
-        Args:
-            language, license, tags: card metadata (``generated_from_trainer`` is always among the tags).
-            model_name: the title (default: the name of ``output_dir``).
-            finetuned_from: the base model (default: the model config's ``_name_or_path`` when it is a Hub name).
-            tasks, dataset_tags, dataset, dataset_args: transformers' arguments; datasets are named in the text.
-        """
-        if not self.is_world_process_zero():
-            return
-        from .model_card import model_card
-
-        text = model_card(self, language=language, license=license, tags=tags, model_name=model_name,
-                          finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags, dataset=dataset,
-                          dataset_args=dataset_args)
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        Path(self.args.output_dir, "README.md").write_text(text, encoding="utf-8")
-
-    def num_examples(self, dataloader: DataLoader) -> int:
-        """Samples behind ``dataloader``: its dataset's length, else batches x the per-device batch size."""
-        dataset = getattr(dataloader, "dataset", None)
-        if isinstance(dataset, data.IterableShard):
-            dataset = dataset.dataset
-        if has_length(dataset):
-            return len(dataset)
-        return len(dataloader) * self.args.per_device_train_batch_size
-
-    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
-        """Names of the parameters weight decay applies to (not biases, not norm layers; transformers' rule)."""
-        return optimization.get_decay_parameter_names(model)
-
-    @staticmethod
-    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
-        """The optimizer class and its keyword arguments for ``args.optim`` (transformers' static method)."""
-        return optimization.get_optimizer_cls_and_kwargs(args, model)
+    # ------------------------------------------------------------------ transformers' other public helpers
 
     def store_flos(self) -> None:
         """Kept for transformers' API: cadence adds every process's FLOPs to ``state.total_flos`` at each log,
@@ -1300,36 +1340,6 @@ class Trainer:
     def get_num_trainable_parameters(self) -> int:
         """Elements of the parameters that require a gradient."""
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-
-    def get_learning_rates(self) -> list[float]:
-        """The current learning rate of each optimizer parameter group."""
-        self._require_optimizer()
-        return [group["lr"] for group in self.optimizer.param_groups]
-
-    def get_optimizer_group(self, param: str | nn.Parameter | None = None) -> dict[str, Any] | list[list[nn.Parameter]]:
-        """The optimizer group holding ``param`` (a parameter or its name in the model); without one, every
-        group's parameter list.
-
-        Example:
-            >>> trainer.create_optimizer(); trainer.get_optimizer_group("lin.bias")["weight_decay"]
-            0.0
-        """
-        self._require_optimizer()
-        if isinstance(param, str):
-            named = dict(self.backend.unwrap(self.model).named_parameters())
-            if param not in named:
-                raise ValueError(f"get_optimizer_group({param!r}): the model has no parameter of that name; "
-                                 f"its parameters are {sorted(named)[:8]}{' ...' if len(named) > 8 else ''}")
-            param = named[param]
-        if param is not None:
-            for group in self.optimizer.param_groups:
-                if any(p is param for p in group["params"]):  # identity: == on tensors compares values
-                    return group
-        return [group["params"] for group in self.optimizer.param_groups]
-
-    def _require_optimizer(self) -> None:
-        if self.optimizer is None:
-            raise ValueError("the Trainer has no optimizer yet: call trainer.create_optimizer() (or train()) first")
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         """Samples per optimizer step over all processes: per-device batch x accumulation x processes."""
