@@ -163,6 +163,19 @@ class LoopState:
             losses = steps.masked_fill(bad, 0.0)
         self.sum += losses.sum()
 
+    def close_interval(self) -> tuple[float, int]:
+        """End the interval since the last log: returns its loss sum (the mean over processes; one host sync)
+        and its non-finite step count, adds both to the run's totals (for ``train_loss``) and starts a new one."""
+        self.fold()
+        loss_sum = self.backend.reduce_mean(self.sum).item()
+        nonfinite = 0 if self.nonfinite is None else int(self.nonfinite.item())
+        self.total += loss_sum
+        self.nonfinite_total += nonfinite
+        self.sum.zero_()
+        if self.nonfinite is not None:
+            self.nonfinite.zero_()
+        return loss_sum, nonfinite
+
     @staticmethod
     def mean(loss_sum: float, steps: int, nonfinite: int) -> float:
         """``loss_sum`` over the finite ones of ``steps``; NaN when none was finite."""

@@ -698,18 +698,14 @@ class Trainer:
         if self.control.should_log or self.control.should_save:
             self._store_counts(loop)
         if self.control.should_log and self.state.global_step > loop.last_logged_step:
-            loop.fold()
-            interval_loss = self.backend.reduce_mean(loop.sum).item()  # the one host sync of a log
+            interval_loss, bad = loop.close_interval()  # the one host sync of a log
             steps = self.state.global_step - loop.last_logged_step
-            bad = 0 if loop.nonfinite is None else int(loop.nonfinite.item())
             logs: dict[str, float] = {"loss": loop.mean(interval_loss, steps, bad)}
             if bad:
                 logs["nonfinite_losses"] = bad
                 logger.warning("%d of %d steps (%d-%d) had a non-finite loss: left out of the logged loss (the mean "
                                "of the others%s)", bad, steps, loop.last_logged_step + 1, self.state.global_step,
                                "; none was finite, so it is NaN" if bad == steps else "")
-                loop.nonfinite.zero_()
-                loop.nonfinite_total += bad
             if loop.skipped:
                 logs["skipped_optimizer_steps"] = loop.skipped
                 logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
@@ -719,8 +715,6 @@ class Trainer:
             if loop.grad_norm is not None:
                 logs["grad_norm"] = loop.grad_norm.item()
             logs["learning_rate"] = loop.learning_rate
-            loop.total += interval_loss
-            loop.sum.zero_()
             loop.last_logged_step = self.state.global_step
             self.log(logs, loop.start_time)
         if self.control.should_evaluate:
@@ -763,11 +757,7 @@ class Trainer:
         self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum(flos).item()
 
     def _finish_training(self, loop: LoopState) -> TrainOutput:
-        loop.fold()
-        loop.total += self.backend.reduce_mean(loop.sum).item()
-        if loop.nonfinite is not None:  # the steps since the last log
-            loop.nonfinite_total += int(loop.nonfinite.item())
-            loop.nonfinite.zero_()
+        loop.close_interval()  # the steps since the last log count in train_loss
         self._store_counts(loop)
         steps, bad = max(self.state.global_step - loop.first_step, 1), loop.nonfinite_total
         train_loss = loop.mean(loop.total, steps, bad)  # over the finite steps
