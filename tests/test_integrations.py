@@ -13,6 +13,7 @@ import os
 import struct
 import sys
 import time
+import types
 
 import pytest
 
@@ -100,6 +101,46 @@ def test_jsonl_rows_are_the_log_history(out_dir):
     assert read_log_history(path) == rows
 
 
+def test_jsonl_rows_reach_the_file_in_batches(out_dir, monkeypatch):
+    """The first log at once; the next ones together, once flush_secs have passed, at a save, after an
+    evaluation and at the end (a clock that moves only when the test says)."""
+    from cadence import TrainerControl, TrainerState
+    from cadence.integrations import base
+    from cadence.integrations.jsonl import JsonlCallback
+
+    now = [1000.0]
+    monkeypatch.setattr(base, "time", types.SimpleNamespace(time=time.time, monotonic=lambda: now[0]))
+    args, state, control, tracker = TrainingArguments(out_dir, use_cpu=True), TrainerState(), TrainerControl(), JsonlCallback()
+    path = os.path.join(out_dir, "log_history.jsonl")
+
+    def log(step):
+        state.global_step = step
+        tracker.on_log(args, state, control, logs={"loss": 1 / step})
+
+    def on_disk():
+        return [r["step"] for r in read_log_history(path)]
+
+    tracker.on_train_begin(args, state, control)
+    log(1)
+    assert on_disk() == [1]
+    log(2), log(3)
+    now[0] += tracker.flush_secs * 0.99
+    log(4)
+    assert on_disk() == [1]  # kept: less than flush_secs since the last write
+    now[0] += tracker.flush_secs * 0.02
+    log(5)
+    assert on_disk() == [1, 2, 3, 4, 5]
+    log(6)
+    tracker.on_save(args, state, control)
+    assert on_disk() == [1, 2, 3, 4, 5, 6]
+    log(7)
+    tracker.on_evaluate(args, state, control)
+    assert on_disk() == [1, 2, 3, 4, 5, 6, 7]
+    log(8)
+    tracker.on_train_end(args, state, control)
+    assert [r["loss"] for r in read_log_history(path)] == [1 / s for s in range(1, 9)]
+
+
 def test_jsonl_resumed_run_appends_and_reads_as_one_run(out_dir, tmp_path):
     unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
     unbroken.train()
@@ -182,6 +223,23 @@ def test_tensorboard_file_holds_every_log_up_to_each_checkpoint(out_dir):
 
 
 @needs("tensorboard")
+def test_tensorboard_events_carry_the_time_of_their_log(out_dir):
+    """Written in batches, each event still has its own log's wall time: a 0.3 s pause before step 3's
+    log shows between steps 2 and 3, not spread over the batch."""
+
+    class Pause(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                time.sleep(0.3)
+
+    make_trainer(out_dir, "tensorboard", callbacks=[Pause()]).train()
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))
+    walls = [e.wall_time for e in read_scalars(folder)[0].Scalars("train/loss")]
+    gaps = [b - a for a, b in zip(walls, walls[1:])]
+    assert gaps[1] >= 0.3 and max(gaps[:1] + gaps[2:]) < 0.3
+
+
+@needs("tensorboard")
 def test_tensorboard_checksum_and_a_users_writer(out_dir, tmp_path):
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
     from torch.utils.tensorboard import SummaryWriter
@@ -201,12 +259,12 @@ def test_tensorboard_checksum_and_a_users_writer(out_dir, tmp_path):
 
 
 def test_failing_tracker_is_switched_off_and_training_finishes(out_dir, caplog):
-    class CloseTheFile(TrainerCallback):  # the disk goes away under the jsonl tracker before the log of step 3
+    class CloseTheFile(TrainerCallback):  # the disk goes away under the jsonl tracker after checkpoint-4
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 3:  # its file descriptor now refuses writes (EBADF), as a lost disk would
+            if state.global_step == SAVE + 1:  # its file descriptor now refuses writes (EBADF), as a lost disk would
                 jsonl = next(cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ == "JsonlCallback")
                 read_only = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(read_only, jsonl._file)
+                os.dup2(read_only, jsonl._file.fileno())
                 os.close(read_only)
 
     trainer = make_trainer(out_dir, "jsonl", callbacks=[CloseTheFile()])
@@ -214,9 +272,11 @@ def test_failing_tracker_is_switched_off_and_training_finishes(out_dir, caplog):
         result = trainer.train()
     assert result.global_step == STEPS
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "'jsonl' failed in on_log" in errors[0].getMessage()
+    # one error, at the first batch written after the loss (step 8's evaluation), then switched off
+    assert len(errors) == 1 and "'jsonl' failed in on_evaluate" in errors[0].getMessage()
     assert "switched off" in errors[0].getMessage()
-    assert [r["step"] for r in read_log_history(os.path.join(out_dir, "log_history.jsonl"))] == [1, 2]
+    # what was written before stays: the rows through checkpoint-4 and its evaluation
+    assert [r["step"] for r in read_log_history(os.path.join(out_dir, "log_history.jsonl"))] == [1, 2, 3, 4, SAVE]
 
 
 @needs("tensorboard")

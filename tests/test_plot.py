@@ -7,6 +7,7 @@ import pytest
 
 from cadence import Trainer, TrainerCallback, TrainingArguments
 from cadence.cli import main
+from cadence.integrations.jsonl import JsonlCallback
 from cadence.plot import figure_size, load_history, panels
 from tiny import Classifier, ClassDataset, RegressionDataset, RegressionModel
 
@@ -40,8 +41,10 @@ def test_plot_of_a_cadence_run(out_dir, tmp_path, capsys):
     assert decoded_size(out) == figure_size(4) == (1000, 700)
 
 
-def test_plot_of_a_run_in_progress(out_dir):
-    """A callback plots the run from its own output_dir at step 5 of 8: the jsonl written so far is drawn."""
+def test_plot_of_a_run_in_progress(out_dir, monkeypatch):
+    """A callback plots the run from its own output_dir at step 5 of 8: the jsonl written so far is drawn
+    (here every log is written at once; test_integrations checks the batching)."""
+    monkeypatch.setattr(JsonlCallback, "flush_secs", 0)
     seen = {}
 
     class PlotNow(TrainerCallback):

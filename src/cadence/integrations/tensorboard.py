@@ -10,10 +10,8 @@ The events are written here, in the training thread, one record per log (``_Even
 with tensorboard's pure-Python CRC-32C; that thread holds the GIL about 0.2 ms per record and stalls
 a fast training loop. With ``google-crc32c`` installed (the ``tensorboard`` extra) the checksum is C.
 
-A log is kept as it is and encoded with the others of the last ``FLUSH_SECS``, just before they are
-flushed together (and at every checkpoint and at the end): the file is as current as when each log was
-written at once, and the training loop pays a list append per log instead of a burst of protobuf and
-checksum work that evicts its caches every step (``benchmarks/bench_tracking.py``).
+The logs come in batches (``TrackerCallback.flush_secs``): encoded and flushed together, each event with
+the wall time of its log.
 """
 
 from __future__ import annotations
@@ -26,9 +24,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .base import TrackerCallback, rewrite_logs
-
-FLUSH_SECS = 5  # the logs are written and flushed at most this often (and at saves, at the end): a run in progress stays current
+from .base import FLUSH_SECS, TrackerCallback, metric_name
 
 
 def default_logdir() -> str:
@@ -70,8 +66,15 @@ class _EventFile:
         if purge_step is not None:  # readers drop the events at and after this step that came before this mark
             self._write(Event(wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)))
 
-    def add_summary(self, summary: Any, global_step: int) -> None:
-        self._write(self._event(wall_time=time.time(), step=global_step, summary=summary))
+    def add_event(self, event: Any, step: int | None = None, walltime: float | None = None) -> None:
+        """Write ``event`` at ``step`` and ``walltime`` (default: now), as torch's ``FileWriter`` does."""
+        event.wall_time = time.time() if walltime is None else walltime
+        if step is not None:
+            event.step = int(step)
+        self._write(event)
+
+    def add_summary(self, summary: Any, global_step: int | None = None, walltime: float | None = None) -> None:
+        self.add_event(self._event(summary=summary), global_step, walltime)
 
     def _write(self, event: Any) -> None:
         data = event.SerializeToString()
@@ -95,15 +98,15 @@ class TensorBoardCallback(TrackerCallback):
         TENSORBOARD_LOGGING_DIR: the folder, when ``logging_dir`` is not set.
     """
 
+    flush_secs = FLUSH_SECS
+
     def __init__(self, tb_writer: Any = None):
         super().__init__()
-        from tensorboard.compat.proto.summary_pb2 import Summary  # needs the tensorboard package
+        from tensorboard.compat.proto.event_pb2 import Event  # needs the tensorboard package
 
-        self._summary = Summary
+        self._event = Event
         self.tb_writer = tb_writer
         self._events = None  # what add_summary() goes to
-        self._pending: list[tuple[dict, int]] = []  # (logs, step) not yet written
-        self._next_write = 0.0  # time.monotonic() from which the pending logs are written
 
     def start(self, args, state, model, resumed):
         if self.tb_writer is not None:  # the user's writer
@@ -123,42 +126,28 @@ class TensorBoardCallback(TrackerCallback):
             if config is not None and hasattr(config, "to_json_string"):
                 self._text("model_config", config.to_json_string(), 0)
 
-    def _text(self, tag: str, text: str, step: int) -> None:
+    def _text(self, tag: str, text: str, step: int, wall_time: float | None = None) -> None:
         from torch.utils.tensorboard.summary import text as text_summary
 
-        self._events.add_summary(text_summary(tag, text), step)
+        self._events.add_summary(text_summary(tag, text), step, wall_time)
 
-    def write(self, logs, step):
-        self._pending.append((dict(logs), step))  # a copy: the caller's dict may change after the event
-        now = time.monotonic()
-        if now >= self._next_write:
-            self._write_pending()
-            self._next_write = now + FLUSH_SECS
-
-    def saved(self, args, state):
-        self._write_pending()  # a checkpoint's logs are on disk with it
-
-    def _write_pending(self) -> None:
-        for logs, step in self._pending:
-            self._encode(logs, step)
-        self._pending.clear()
+    def write_rows(self, rows):
+        for logs, step, wall_time in rows:
+            # one event holding every number of the log: one record per log, not one per metric; values
+            # added in place (building Value and Summary objects first copies each one again: twice the time)
+            event = self._event()
+            add = event.summary.value.add
+            for key, value in logs.items():
+                if isinstance(value, (int, float)):
+                    add(tag=metric_name(key), simple_value=value)
+            self._events.add_event(event, step, wall_time)
+            for key, value in logs.items():
+                if isinstance(value, str):
+                    self._text(metric_name(key), value, step, wall_time)
         self._events.flush()
-
-    def _encode(self, logs: dict, step: int) -> None:
-        logs = rewrite_logs(logs)
-        # one event holding every number of the log: one record per log, not one per metric
-        values = [self._summary.Value(tag=k, simple_value=v) for k, v in logs.items() if isinstance(v, (int, float))]
-        self._events.add_summary(self._summary(value=values), step)
-        for key, value in logs.items():
-            if isinstance(value, str):
-                self._text(key, value, step)
 
     def finish(self, failed):
         if self._events is not None:
-            try:
-                self._write_pending()  # also when training failed: its logs so far are the record
-            finally:  # closed even when the pending logs are what fails
-                self._pending.clear()
-                self._events.close()
-                self._events = None
+            self._events.close()
+            self._events = None
         self.tb_writer = None  # as transformers: the writer is closed with the run
