@@ -11,10 +11,11 @@ uploads checkpoints, ``saved``); this base class calls them from the Trainer's e
   tracker run instead of starting a second one;
 - a tracker with ``flush_secs > 0`` (TensorBoard and jsonl: local files) gets its logs in batches, through
   ``write_rows``: at most every ``flush_secs``, before every checkpoint is written, after every evaluation
-  and at the end. A log then costs the training loop a dict copy and a list append. Encoding each log as
-  it comes (JSON, protobuf) cost several times its warm cost, run between training steps whose code and
-  data fill the CPU's caches: 13.5 us for one ``json.dumps`` there against 3.4 us in a loop
-  (``benchmarks/bench_tracking.py``). The other trackers hand each log to their own library, which queues it.
+  and at the end; outside ``train()`` (``evaluate()``, a user's ``log()``) each log at once. A log then
+  costs the training loop a dict copy and a list append. Encoding each log as it came (JSON, protobuf)
+  cost several times its warm cost, run between training steps whose code and data fill the CPU's
+  caches: 13.5 us for one ``json.dumps`` there against 3.4 us in a loop (``benchmarks/bench_tracking.py``).
+  The other trackers hand each log to their own library, which queues it.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class TrackerCallback(TrainerCallback, ExportableState):
         self._off = False  # set after a failure: nothing more is sent
         self._pending: list[tuple[dict, int, float]] = []  # (logs, step, wall time) not yet written
         self._write_at = 0.0  # time.monotonic() from which the pending logs are written
+        self._in_train = False  # between on_train_begin and the end: logs may wait (outside, each is written at once)
 
     # ---------------------------------------------------------------- what a tracker implements
 
@@ -178,6 +180,7 @@ class TrackerCallback(TrainerCallback, ExportableState):
 
     def close(self, failed: bool = False) -> None:
         """End the run now (``Trainer.train`` calls this with ``failed=True`` when training raises)."""
+        self._in_train = False
         if self._started and not self._off:
             self._started = False
             self._safely("close", self._end, failed)
@@ -187,6 +190,7 @@ class TrackerCallback(TrainerCallback, ExportableState):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.is_world_process_zero:
             self._safely("on_train_begin", self._ensure_started, args, state, model)
+            self._in_train = True
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         # the training loop's path: a copy (the caller's dict may change after the event) and an append
@@ -198,7 +202,7 @@ class TrackerCallback(TrainerCallback, ExportableState):
                 return
         self._pending.append((dict(logs), state.global_step, time.time()))
         now = time.monotonic()
-        if now >= self._write_at:
+        if now >= self._write_at or not self._in_train:
             self._write_at = now + self.flush_secs
             self._safely("on_log", self._write_pending)
 
@@ -208,7 +212,7 @@ class TrackerCallback(TrainerCallback, ExportableState):
             self._safely("on_save", self.saved, args, state)
 
     def on_evaluate(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and self._started:  # its metrics are written now (also outside training)
+        if state.is_world_process_zero and self._started:  # an evaluation's metrics are on disk when it ends
             self._safely("on_evaluate", self._write_pending)
 
     def on_train_end(self, args, state, control, **kwargs):
