@@ -192,8 +192,10 @@ class TrackerCallback(TrainerCallback, ExportableState):
             self._safely("on_train_begin", self._ensure_started, args, state, model)
             self._in_train = True
 
-    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
-        # the training loop's path: a copy (the caller's dict may change after the event) and an append
+    def on_log(self, args, state, control, logs=None, model=None, processing_class=None, optimizer=None,
+               lr_scheduler=None, train_dataloader=None, eval_dataloader=None, **kwargs):
+        # the training loop's path: a copy (the caller's dict may change after the event) and an append; the
+        # handler's keywords are named, so that calling this builds no **kwargs dict (0.4 us of 1.4 a call)
         if not state.is_world_process_zero or self._off:
             return
         if not self._started:
