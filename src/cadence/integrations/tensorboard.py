@@ -11,12 +11,16 @@ with tensorboard's pure-Python CRC-32C; that thread holds the GIL about 0.2 ms p
 a fast training loop. With ``google-crc32c`` installed (the ``tensorboard`` extra) the checksum is C.
 
 The logs come in batches (``TrackerCallback.flush_secs``): encoded and flushed together, each event with
-the wall time of its log.
+the wall time of its log. A log's numbers are one ``Event`` whose bytes ``scalars_event`` builds itself,
+2 us a log where building and serializing protobuf's objects took 3.3 (the tests compare the bytes
+with protobuf's own); the other events (text, file header, purge mark) go through protobuf.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import os
 import socket
 import struct
@@ -49,6 +53,44 @@ def masked_crc32c():
     return masked
 
 
+_F32, _F64 = struct.Struct("<f"), struct.Struct("<d")
+
+
+def _varint(n: int) -> bytes:
+    """protobuf's varint: 7 bits a byte, low bits first; a negative int64 as its 64-bit two's complement."""
+    n &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=4096)  # a run logs the same few keys over and over
+def _value_head(key: str) -> bytes:
+    """One ``Summary.value`` entry for ``key`` up to its number: the entry's field (1) and length, the
+    ``Value``'s ``tag`` (field 1: ``metric_name(key)``) and the key of its ``simple_value`` (field 2, 32 bits)."""
+    tag = metric_name(key).encode()
+    value = b"\x0a" + _varint(len(tag)) + tag + b"\x15"
+    return b"\x0a" + _varint(len(value) + 4) + value
+
+
+def _float32(value: float) -> bytes:
+    try:
+        return _F32.pack(value)
+    except OverflowError:  # beyond float32: infinity of the same sign, as protobuf converts it
+        return _F32.pack(math.copysign(math.inf, value))
+
+
+def scalars_event(wall_time: float, step: int, logs: dict[str, Any]) -> bytes:
+    """The numbers of ``logs`` as one serialized ``Event(wall_time, step, summary=Summary(value=[Value(tag,
+    simple_value), ...]))``: the bytes protobuf writes (fields in number order, step 0 left out), built directly."""
+    summary = b"".join([_value_head(k) + _float32(v) for k, v in logs.items() if isinstance(v, (int, float))])
+    step_field = b"\x10" + _varint(step) if step else b""
+    return b"\x09" + _F64.pack(wall_time) + step_field + b"\x2a" + _varint(len(summary)) + summary
+
+
 class _EventFile:
     """One TensorBoard event file: ``Event`` protos as TFRecords (length, its checksum, data, its checksum)."""
 
@@ -77,7 +119,10 @@ class _EventFile:
         self.add_event(self._event(summary=summary), global_step, walltime)
 
     def _write(self, event: Any) -> None:
-        data = event.SerializeToString()
+        self.write_record(event.SerializeToString())
+
+    def write_record(self, data: bytes) -> None:
+        """Append one serialized ``Event``."""
         header = struct.pack("<Q", len(data))
         self._file.write(header + struct.pack("<I", self._crc(header)) + data + struct.pack("<I", self._crc(data)))
 
@@ -133,14 +178,11 @@ class TensorBoardCallback(TrackerCallback):
 
     def write_rows(self, rows):
         for logs, step, wall_time in rows:
-            # one event holding every number of the log: one record per log, not one per metric; values
-            # added in place (building Value and Summary objects first copies each one again: twice the time)
-            event = self._event()
-            add = event.summary.value.add
-            for key, value in logs.items():
-                if isinstance(value, (int, float)):
-                    add(tag=metric_name(key), simple_value=value)
-            self._events.add_event(event, step, wall_time)
+            event = scalars_event(wall_time, step, logs)  # every number of the log: one record, not one per metric
+            if isinstance(self._events, _EventFile):
+                self._events.write_record(event)
+            else:  # a user's writer takes protobuf objects
+                self._events.add_event(self._event.FromString(event), step, wall_time)
             for key, value in logs.items():
                 if isinstance(value, str):
                     self._text(metric_name(key), value, step, wall_time)
