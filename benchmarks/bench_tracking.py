@@ -26,6 +26,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# numpy's OpenBLAS (not torch's BLAS: MKL) keeps a worker thread per core that nothing here uses; on the 2-core
+# machine, without this line the untracked runs were 3-6% slower and the rounds' quartiles twice as wide
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import common  # noqa: E402
 
