@@ -90,7 +90,7 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 class TrackerCallback(TrainerCallback, ExportableState):
     """Base of the ``report_to`` callbacks (see the module docstring)."""
 
-    flush_secs = 0.0  # > 0: logs are written in batches, at most this often (and at saves, at the end)
+    flush_secs = 0.0  # > 0: logs are written in batches, at most this often (and at saves, evaluations, the end)
 
     def __init__(self):
         self.run_id: str | None = None  # names the tracker's run; saved in checkpoints

@@ -151,7 +151,7 @@ class TensorBoardCallback(TrackerCallback):
 
         self._event = Event
         self.tb_writer = tb_writer
-        self._events = None  # what add_summary() goes to
+        self._events = None  # where the events go: cadence's _EventFile or the user's writer
 
     def start(self, args, state, model, resumed):
         if self.tb_writer is not None:  # the user's writer
