@@ -895,8 +895,9 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
             for name, file in STATE_FILES.items():
                 if states.get(name) is not None:
                     (save_json if file.endswith(".json") else torch.save)(states[name], tmp / file)
-            torch.save(args.to_dict(), tmp / TRAINING_ARGS_NAME)
-            save_json(args.to_dict(), tmp / TRAINING_ARGS_JSON)
+            arguments = args.to_dict()
+            torch.save(arguments, tmp / TRAINING_ARGS_NAME)
+            save_json(arguments, tmp / TRAINING_ARGS_JSON)
             state.save_to_json(str(tmp / TRAINER_STATE_NAME))  # last: marks completeness
 
         write_atomically(folder, write, fresh=False)
