@@ -101,6 +101,26 @@ def test_jsonl_rows_are_the_log_history(out_dir):
     assert read_log_history(path) == rows
 
 
+def test_jsonl_lines_are_json_dumps_of_each_row():
+    """A batch is encoded with one json.dumps and split between rows; the lines are each row's json.dumps,
+    also when a value holds the split mark (texts, lists of dicts), and they read back as the rows."""
+    import math
+
+    from cadence.integrations.jsonl import json_lines
+
+    batches = [
+        [{"loss": 1 / 3, "learning_rate": 5e-05, "epoch": 0.01, "step": n} for n in range(1, 50)],
+        [{"loss": math.nan, "step": 1}, {"eval_loss": math.inf, "note": "a}, {b", "step": 2}],
+        [{"per_class": [{"f1": 0.5}, {"f1": 0.25}], "step": 3}, {"tag": "é\n\"}", "step": 3}],
+        [{"step": 4}],
+        [],
+    ]
+    for rows in batches:
+        text = json_lines(rows)
+        assert text == "".join(json.dumps(row) + "\n" for row in rows)
+        assert [json.loads(line) for line in text.splitlines()] == json.loads(json.dumps(rows))
+
+
 def test_jsonl_rows_reach_the_file_in_batches(out_dir, monkeypatch):
     """The first log at once; the next ones together, once flush_secs have passed, at a save, after an
     evaluation and at the end; after training each at once (a clock that moves only when the test says)."""
@@ -229,7 +249,8 @@ def test_tensorboard_file_holds_every_log_up_to_each_checkpoint(out_dir):
 def test_tensorboard_scalar_events_are_the_bytes_protobuf_writes(step):
     """cadence builds a log's scalar event itself (a third of protobuf's time); protobuf, serializing the same
     Event, is the reference, byte for byte: float32 rounding, overflow to infinity, NaN, ints and bools,
-    non-ASCII and long tags, varint lengths and steps, step 0 left out."""
+    numpy scalars (which transformers drops), non-ASCII and long tags, varint lengths and steps, step 0 left out;
+    a log with text and one without (the fast path)."""
     import math
 
     from tensorboard.compat.proto.event_pb2 import Event
@@ -238,13 +259,16 @@ def test_tensorboard_scalar_events_are_the_bytes_protobuf_writes(step):
     from cadence.integrations.base import metric_name
     from cadence.integrations.tensorboard import scalars_event
 
+    import numpy as np
+
     values = [0.0, -0.0, 1e-3, 1 / 3, -2.5, 3.4028235e38, 3.5e38, -1e39, 1e300, math.inf, -math.inf, math.nan, True,
-              7, -3, 2**40, 1e-46, 5e-324]
+              7, -3, 2**40, 1e-46, 5e-324, np.float32(0.1), np.int64(-4), np.float64(1e39)]
     for value in values:
-        logs = {"loss": value, "eval_précision": 0.5, "note": "text is not a scalar", "a" * 200: 2}
-        expected = Event(wall_time=1733050000.123456, step=step, summary=Summary(value=[
-            Summary.Value(tag=metric_name(k), simple_value=v) for k, v in logs.items() if isinstance(v, (int, float))]))
-        assert scalars_event(1733050000.123456, step, logs) == expected.SerializeToString(), value
+        for logs in ({"loss": value, "eval_précision": 0.5, "note": "text is not a scalar", "a" * 200: 2},
+                     {"loss": value, "eval_précision": 0.5, "a" * 200: 2}):
+            expected = Event(wall_time=1733050000.123456, step=step, summary=Summary(value=[
+                Summary.Value(tag=metric_name(k), simple_value=float(v)) for k, v in logs.items() if not isinstance(v, str)]))
+            assert scalars_event(1733050000.123456, step, logs) == expected.SerializeToString(), value
 
 
 @needs("tensorboard")

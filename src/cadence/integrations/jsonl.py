@@ -38,8 +38,25 @@ class JsonlCallback(TrackerCallback):
         self._file = open(self.run_id, "ab")  # noqa: SIM115 - open for the run, closed in finish()
 
     def write_rows(self, rows):
-        self._file.write("".join(json.dumps({**logs, "step": step}) + "\n" for logs, step, _ in rows).encode())
+        self._file.write(json_lines([{**logs, "step": step} for logs, step, _ in rows]).encode())
         self._file.flush()  # a batch at a time: a reader sees whole rows (a cut last line only mid-write)
+
+
+def json_lines(rows: list[dict[str, Any]]) -> str:
+    """``rows`` as JSON lines, each as ``json.dumps`` writes it.
+
+    One ``json.dumps`` of the list, its rows then split where one ends and the next starts (``}, {``):
+    a third faster than one call per row, whose fixed cost is as large as a row's numbers. When a value
+    holds ``}, {`` too (a text, a list of dicts), the rows are encoded one by one.
+
+    Example:
+        >>> json_lines([{"loss": 1.5, "step": 1}, {"loss": 1.25, "step": 2}])
+        '{"loss": 1.5, "step": 1}\\n{"loss": 1.25, "step": 2}\\n'
+    """
+    text = json.dumps(rows)[1:-1]
+    if text.count("}, {") != len(rows) - 1:
+        return "".join(json.dumps(row) + "\n" for row in rows)
+    return text.replace("}, {", "}\n{") + "\n"
 
     def finish(self, failed):
         if self._file is not None:
