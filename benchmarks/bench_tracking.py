@@ -9,7 +9,7 @@ per-log cost. Runs are interleaved; the table shows medians and the ratio of med
 the spread of the rounds' own ratios (tracked / untracked of the same round), which shows how much of
 the result is the machine's noise.
 
-    .venv/bin/python benchmarks/bench_tracking.py               # 15 rounds
+    .venv/bin/python benchmarks/bench_tracking.py               # 41 rounds, about a minute
     .venv/bin/python benchmarks/bench_tracking.py --repeats 5
 """
 
@@ -87,7 +87,7 @@ def time_in_trackers(wl: common.Workload, runs: int = 5) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--repeats", type=int, default=41)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the tiny MLP gains nothing from more, "
                    "and on a shared machine spinning threads only add noise)")

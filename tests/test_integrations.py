@@ -163,6 +163,28 @@ def test_jsonl_rows_reach_the_file_in_batches(out_dir, monkeypatch):
     assert [r["loss"] for r in read_log_history(path)] == [1 / s for s in range(1, 10)]
 
 
+def test_jsonl_holds_a_just_in_time_checkpoints_logs(out_dir):
+    """A script's own CheckpointManager writes a checkpoint mid-run: the logs kept for the next batch are
+    written with it, so the file holds every row of the checkpoint's log history (the process may be
+    killed right after)."""
+    from cadence.trainer_jit_checkpoint import CheckpointManager
+
+    seen = {}
+
+    class JitAtStep3(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:  # before the scheduled checkpoint-4
+                folder = CheckpointManager(trainer).execute_jit_checkpoint()
+                with open(os.path.join(folder, "trainer_state.json")) as f:
+                    seen["checkpoint"] = [h["step"] for h in json.load(f)["log_history"]]
+                seen["file"] = [r["step"] for r in read_log_history(os.path.join(out_dir, "log_history.jsonl"))]
+
+    trainer = make_trainer(out_dir, "jsonl", max_steps=5, callbacks=[JitAtStep3()])
+    trainer.train()
+    assert seen["checkpoint"] == [1, 2]  # step 3 is logged after on_step_end
+    assert seen["file"] == seen["checkpoint"]
+
+
 def test_jsonl_resumed_run_appends_and_reads_as_one_run(out_dir, tmp_path):
     unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
     unbroken.train()

@@ -1061,7 +1061,14 @@ class CheckpointManager:
         self.is_checkpoint_requested = True
 
     def execute_jit_checkpoint(self) -> Path:
-        """Write ``checkpoint-{global_step}`` now; returns its folder."""
+        """Write ``checkpoint-{global_step}`` now and fire ``on_save``; returns its folder.
+
+        transformers fires no ``on_save`` here; cadence does, as after every checkpoint: the trackers write
+        the logs they keep in batches, so the checkpoint's logs are on disk with it even if the process
+        is killed next."""
         self.is_checkpoint_requested = False
-        logger.warning("saving a just-in-time checkpoint at step %d", self.trainer.state.global_step)
-        return self.trainer._save_checkpoint(self.trainer.model)
+        trainer = self.trainer
+        logger.warning("saving a just-in-time checkpoint at step %d", trainer.state.global_step)
+        folder = trainer._save_checkpoint(trainer.model)
+        trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+        return folder
