@@ -101,6 +101,21 @@ def test_jsonl_rows_are_the_log_history(out_dir):
     assert read_log_history(path) == rows
 
 
+@needs("tensorboard")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="open files are listed from Linux's /proc")
+def test_trackers_close_their_files_when_training_ends(out_dir):
+    def open_here():
+        fds = os.listdir("/proc/self/fd")
+        paths = {os.path.realpath(os.path.join("/proc/self/fd", fd)) for fd in fds if os.path.exists(f"/proc/self/fd/{fd}")}
+        return sorted(p for p in paths if p.startswith(os.path.realpath(out_dir)))
+
+    trainer = make_trainer(out_dir, ["jsonl", "tensorboard"])
+    trainer.train()
+    written = glob.glob(os.path.join(out_dir, "runs", "*", "events.out.tfevents.*")) + glob.glob(f"{out_dir}/*.jsonl")
+    assert len(written) == 2
+    assert open_here() == []
+
+
 def test_jsonl_lines_are_json_dumps_of_each_row():
     """A batch is encoded with one json.dumps and split between rows; the lines are each row's json.dumps,
     also when a value holds the split mark (texts, lists of dicts), and they read back as the rows."""

@@ -41,6 +41,11 @@ class JsonlCallback(TrackerCallback):
         self._file.write(json_lines([{**logs, "step": step} for logs, step, _ in rows]).encode())
         self._file.flush()  # a batch at a time: a reader sees whole rows (a cut last line only mid-write)
 
+    def finish(self, failed):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
 
 def json_lines(rows: list[dict[str, Any]]) -> str:
     """``rows`` as JSON lines, each as ``json.dumps`` writes it.
@@ -57,11 +62,6 @@ def json_lines(rows: list[dict[str, Any]]) -> str:
     if text.count("}, {") != len(rows) - 1:
         return "".join(json.dumps(row) + "\n" for row in rows)
     return text.replace("}, {", "}\n{") + "\n"
-
-    def finish(self, failed):
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
 
 def read_log_history(path: str | os.PathLike) -> list[dict[str, Any]]:
