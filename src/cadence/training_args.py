@@ -889,11 +889,13 @@ class TrainingArguments:
         `TrainingArguments(**args.to_dict())`, gives equal arguments.
         """
         d = {}
-        for f in dataclasses.fields(self):
-            if f.init and f.name not in _LEGACY_ONLY:
-                value = _plain(getattr(self, f.name))
-                # Masked even when unset, as HF does, so a dump never shows whether a token exists.
-                d[f.name] = f"<{f.name.upper()}>" if f.name.endswith("_token") else _dtype_names(value)
+        for name in _dict_fields(type(self)):
+            value = getattr(self, name)
+            if type(value) not in _ATOMS:  # most are; the rest (enums, lists, dicts, dtypes) made plain
+                value = _dtype_names(_plain(value))
+            d[name] = value
+        for name in _token_fields(type(self)):  # masked even when unset, as HF does: a dump never shows
+            d[name] = f"<{name.upper()}>"  # whether a token exists
         return d
 
     def to_json_string(self) -> str:
@@ -1093,6 +1095,20 @@ def _dtype_names(value: Any) -> Any:
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
     return value
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _dict_fields(cls: type) -> tuple[str, ...]:
+    """The fields ``to_dict`` writes, in order (4.x-only aliases left out)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init and f.name not in _LEGACY_ONLY)
+
+
+@functools.cache
+def _token_fields(cls: type) -> tuple[str, ...]:
+    return tuple(name for name in _dict_fields(cls) if name.endswith("_token"))
 
 
 @functools.cache
