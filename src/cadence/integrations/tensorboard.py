@@ -136,8 +136,9 @@ class _EventFile:
         parts = []
         for data in events:
             length = self._lengths.get(len(data))
-            if length is None:
-                length = self._lengths[len(data)] = _U64.pack(len(data)) + _U32.pack(self._crc(_U64.pack(len(data))))
+            if length is None:  # the length field, then its checksum
+                field = _U64.pack(len(data))
+                length = self._lengths[len(data)] = field + _U32.pack(self._crc(field))
             parts += (length, data, _U32.pack(self._crc(data)))
         self._file.write(b"".join(parts))
 
