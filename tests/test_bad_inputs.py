@@ -206,6 +206,22 @@ ROWS = [
     arg_row("logging_steps", 0, "=0", logging_strategy="steps"),
     arg_row("save_steps", 1.5, "1.5", save_strategy="steps"),
     arg_row("eval_steps", -2, "-2", eval_strategy="steps"),
+    # --- TrainingArguments: text where a bool or a number is due (a JSON/YAML config, an environment variable)
+    arg_row("overwrite_output_dir", "maybe", "'maybe'", "True or False"),
+    arg_row("bf16", "on", "'on'", "True or False"),
+    arg_row("use_cpu", 2, "=2", "True or False"),
+    arg_row("learning_rate", "fast", "'fast'", "a number"),
+    arg_row("seed", "1.5", "'1.5'", "an integer"),
+    Row("args-overwrite_output_dir='false'-keeps-checkpoints",  # "false" is False: the earlier run is not deleted
+        lambda out: fit(out, args_kw=dict(overwrite_output_dir="false")), ValueError,
+        ("output_dir=", "checkpoint-2", "overwrite_output_dir=True"), setup=with_checkpoint()),
+    # --- TrainingArguments: non-finite floats (the run would "succeed" with NaN weights)
+    arg_row("learning_rate", math.inf, "inf", "finite"),
+    arg_row("learning_rate", math.nan, "nan", "finite"),
+    arg_row("weight_decay", math.inf, "inf", "finite"),
+    arg_row("adam_epsilon", math.nan, "nan", "finite"),
+    arg_row("max_grad_norm", math.nan, "nan", "finite"),
+    arg_row("warmup_steps", math.inf, "inf", "finite"),
     # --- TrainingArguments: names and combinations
     arg_row("eval_strategy", "sometimes", "'sometimes'", "'epoch'"),
     arg_row("lr_scheduler_type", "zigzag", "'zigzag'", "'cosine'"),
