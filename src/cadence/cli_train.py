@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,9 @@ def run_train(argv: list[str]) -> dict[str, Any]:
     data = tokenize(splits, script, tokenizer, block_size, labels)
     trainer = Trainer(model, args, train_dataset=data["train"], eval_dataset=data.get("validation"),
                       processing_class=tokenizer)
-    result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    result = trainer.train(resume_from_checkpoint=resume_argument(args.resume_from_checkpoint))
+    if trainer.state.interrupted:  # the checkpoint is saved; the model is partly trained: no final outputs
+        raise SystemExit(_interrupted_exit_status(trainer))
     metrics = dict(result.metrics)
     if "validation" in data:
         metrics.update(trainer.evaluate())
@@ -261,6 +264,40 @@ def run_train(argv: list[str]) -> dict[str, Any]:
             json.dump(metrics, f, indent=2)
     _print_summary(script, args, how, len(data["train"]), block_size, metrics)
     return metrics
+
+
+def resume_argument(value: str | None) -> str | bool | None:
+    """``--resume_from_checkpoint``: a folder, or a word of HfArgumentParser's bools: true resumes the newest
+    checkpoint in ``--output_dir`` (``train(resume_from_checkpoint=True)``), false starts afresh.
+    A folder of that name wins over the word."""
+    from .training_args import _FALSE_WORDS, _TRUE_WORDS
+
+    if value is None or os.path.isdir(value):
+        return value
+    word = value.strip().lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return None
+    return value
+
+
+def _interrupted_exit_status(trainer) -> int:
+    """128 + the signal's number, as a shell reports a process the signal ended: a scheduler that requeues
+    failed jobs (SLURM --requeue, torchrun --max-restarts, a Kubernetes restart) starts it again, and
+    ``--resume_from_checkpoint true`` continues from the checkpoint."""
+    import signal
+
+    from .checkpoint import JITCheckpointCallback
+
+    jit = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback))
+    # "a signal to another process" (a rank that saw none): SIGTERM's status, the usual scheduler signal
+    number = getattr(signal, str(jit.requested), signal.SIGTERM)
+    print(f"cadence train: interrupted by {jit.requested} at step {trainer.state.global_step}: "
+          f"checkpoint-{trainer.state.global_step} is saved in {trainer.args.output_dir}, no final model is written; "
+          f"exit status {128 + int(number)}. Run the same command with --resume_from_checkpoint true to continue.",
+          file=sys.stderr)
+    return 128 + int(number)
 
 
 def _print_summary(script, args, how: str, rows: int, block_size: int, metrics: dict) -> None:
