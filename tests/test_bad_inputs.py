@@ -9,10 +9,13 @@ file, and, for the checkpoint rows, a run's checkpoints) before and after.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import math
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -157,6 +160,70 @@ def locked(out, base):
 def blocked(out, base):
     with open(os.path.join(out, "file"), "w") as f:
         f.write("a file where a folder is needed")
+
+
+# ------------------------------------------------------------------ cadence train's files (made once per session)
+
+
+CLI_FILES = {
+    "train.txt": "the cat sat on the mat\nthe dog ran under the log\n" * 4,
+    "empty.csv": "",
+    "header.csv": "text,label\n",
+    "bad.csv": 'text\n"a quote that never closes\n',
+    "bad.jsonl": '{"text": "a"\n',
+    "blank.txt": "\n   \n\n",
+    "none-cell.csv": 'text\n""\nhello\n',
+    "list.yaml": "- model\n- train_file\n",
+    "empty.yaml": "",
+    "bad.yaml": "model: [unclosed\n",
+    "bad.json": '{"model": ',
+    "no-model.yaml": "train_file: train.txt\n",
+}
+
+
+@functools.cache
+def cli_folder() -> str:
+    """A from-scratch GPT-2 config (64 positions) with a word-level tokenizer, and the files above."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, PreTrainedTokenizerFast
+
+    folder = tempfile.mkdtemp(prefix="cadence-cli-rows-")
+    atexit.register(shutil.rmtree, folder, True)
+    for name, text in CLI_FILES.items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+    core = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.train_from_iterator([CLI_FILES["train.txt"]], trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]")
+    tokenizer.save_pretrained(os.path.join(folder, "model"))
+    GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=16, n_layer=1, n_head=2).save_pretrained(
+        os.path.join(folder, "model"))
+    return folder
+
+
+def cadence_train(*flags):
+    """``cadence train`` with ``flags`` ({dir} is cli_folder()) into the row's output_dir; train.txt unless named."""
+
+    def run(out):
+        pytest.importorskip("transformers")
+        pytest.importorskip("datasets")
+        from cadence.cli_train import run_train
+
+        folder = cli_folder()
+        argv = [flag.format(dir=folder) for flag in flags]
+        if argv and argv[0].endswith((".yaml", ".json")):
+            return run_train(argv)
+        if "--train_file" not in argv:
+            argv += ["--train_file", os.path.join(folder, "train.txt")]
+        return run_train(["--model", os.path.join(folder, "model"), "--output_dir", out, "--max_steps", "2",
+                          "--use_cpu", "--disable_tqdm", "true", *argv])
+
+    return run
+
+
+def cli_row(id, flags, *culprits):
+    return Row(f"cadence-train-{id}", cadence_train(*flags), ValueError, culprits)
 
 
 # ------------------------------------------------------------------ the table
@@ -338,6 +405,28 @@ ROWS = [
         ("optimizer.pt", "builtins.print", "nothing in it was executed"), setup=with_checkpoint(evil("optimizer.pt"))),
     Row("resume-weights-only-checkpoint", lambda out: fit(out, resume=True), ValueError,
         ("checkpoint-2", "optimizer.pt", "save_only_model"), setup=with_checkpoint(weights_only_checkpoint)),
+    # --- cadence train: data files, flags, config files (issue 20, item 10)
+    cli_row("empty-file", ["--train_file", "{dir}/empty.csv"], "--train_file=", "empty.csv", "is empty"),
+    cli_row("header-only-csv", ["--train_file", "{dir}/header.csv"], "--train_file=", "header.csv", "no rows"),
+    cli_row("malformed-csv", ["--train_file", "{dir}/bad.csv"], "--train_file=", "bad.csv", "could not be read as a .csv"),
+    cli_row("malformed-jsonl", ["--train_file", "{dir}/bad.jsonl"], "--train_file=", "bad.jsonl",
+            "could not be read as a .jsonl"),
+    cli_row("malformed-validation-file", ["--validation_file", "{dir}/bad.csv"], "--validation_file=", "bad.csv"),
+    cli_row("blank-only-text", ["--train_file", "{dir}/blank.txt"], "--train_file=", "blank.txt", "only blank texts"),
+    cli_row("none-text", ["--train_file", "{dir}/none-cell.csv"], "--text_column='text'", "none-cell.csv",
+            "row 0 holds None"),
+    cli_row("block-size-negative", ["--block_size", "-5"], "--block_size=-5", ">= 1"),
+    cli_row("block-size-zero", ["--block_size", "0"], "--block_size=0", ">= 1"),
+    cli_row("block-size-beyond-positions", ["--block_size", "128"], "--block_size=128", "n_positions=64"),
+    cli_row("config-overrides-without-equals", ["--config_overrides", "n_layer"], "--config_overrides='n_layer'",
+            "key=value"),
+    cli_row("config-overrides-unknown-key", ["--config_overrides", "n_layr=2"], "--config_overrides='n_layr=2'",
+            "n_layr"),
+    cli_row("config-file-list", ["{dir}/list.yaml"], "list.yaml", "holds a list"),
+    cli_row("config-file-empty-yaml", ["{dir}/empty.yaml"], "empty.yaml", "holds nothing"),
+    cli_row("config-file-malformed-yaml", ["{dir}/bad.yaml"], "bad.yaml", "not valid YAML"),
+    cli_row("config-file-malformed-json", ["{dir}/bad.json"], "bad.json", "not valid JSON"),
+    cli_row("config-file-without-model", ["{dir}/no-model.yaml"], "no-model.yaml", "'model'"),
     Row("resume-weights-of-another-model", lambda out: fit(out, model=Classifier(), train_dataset=ClassDataset(8),
                                                             resume=True),
         ValueError, ("do not fit Classifier", "missing"), setup=with_checkpoint()),

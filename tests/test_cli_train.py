@@ -231,3 +231,15 @@ def test_resume_from_checkpoint_words_mean_what_hf_argument_parser_bools_mean(va
     from cadence.cli_train import resume_argument
 
     assert resume_argument(value) == expected
+
+
+def test_a_yaml_config_reads_text_values_as_the_flags_do(tmp_path):
+    """YAML reads 1e-3 as text (its floats need a dot) and "no" in quotes as text: both mean what the flag means."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f'model: m\ntrain_file: t.txt\noutput_dir: {tmp_path}\nlearning_rate: 1e-3\nbf16: "no"\n'
+                      'overwrite_output_dir: "false"\nseed: "7"\n')
+    _, from_file = parse([str(config)])
+    _, from_flags = parse(["--model", "m", "--train_file", "t.txt", "--output_dir", str(tmp_path), "--learning_rate",
+                           "1e-3", "--bf16", "no", "--overwrite_output_dir", "false", "--seed", "7"])
+    assert (from_file.learning_rate, from_file.bf16, from_file.overwrite_output_dir, from_file.seed) == (1e-3, False, False, 7)
+    assert from_file.to_dict() == from_flags.to_dict()
