@@ -83,6 +83,9 @@ def read_log_history(path: str | os.PathLike) -> list[dict[str, Any]]:
             if number < len(lines):
                 logger.warning("%s line %d is not JSON: skipped", path, number)
             continue
+        if not (isinstance(row, dict) and type(row.get("step", 0)) is int):  # null, a list, a "3" step: not a log row
+            logger.warning("%s line %d is not a log row (an object with an integer step): skipped", path, number)
+            continue
         step = row.get("step", 0)
         if rows and step < rows[-1].get("step", 0):  # a resumed run: its rows replace the tail
             rows = [r for r in rows if r.get("step", 0) < step]
