@@ -222,6 +222,34 @@ def cadence_train(*flags):
     return run
 
 
+def search(hp_space):
+    """A one-trial optuna search over ``hp_space`` (a model_init Trainer, so that a trial could train)."""
+
+    def run(out):
+        pytest.importorskip("optuna")
+        trainer = Trainer(args=args(out, eval_strategy="steps", eval_steps=1), model_init=lambda: RegressionModel(),
+                          train_dataset=RegressionDataset(16), eval_dataset=RegressionDataset(8))
+        return trainer.hyperparameter_search(hp_space=hp_space, n_trials=1, backend="optuna")
+
+    return run
+
+
+def plot_row(id, text, flags, *culprits):
+    """``cadence plot`` of a run folder holding a trainer_state.json with ``text`` (written by the row's setup)."""
+
+    def setup(out, base):
+        with open(os.path.join(out, "trainer_state.json"), "w") as f:
+            f.write(text)
+
+    def run(out):
+        pytest.importorskip("matplotlib")
+        from cadence.plot import plot_run
+
+        return plot_run(out, *[flag.format(out=out) for flag in flags])
+
+    return Row(f"plot-{id}", run, ValueError, culprits, setup=setup)
+
+
 def cli_row(id, flags, *culprits):
     return Row(f"cadence-train-{id}", cadence_train(*flags), ValueError, culprits)
 
@@ -405,6 +433,41 @@ ROWS = [
         ("optimizer.pt", "builtins.print", "nothing in it was executed"), setup=with_checkpoint(evil("optimizer.pt"))),
     Row("resume-weights-only-checkpoint", lambda out: fit(out, resume=True), ValueError,
         ("checkpoint-2", "optimizer.pt", "save_only_model"), setup=with_checkpoint(weights_only_checkpoint)),
+    # --- values deeper inside options: hp_space, fsdp_config, lr_scheduler_kwargs, optim_args (issue 20, item 12)
+    Row("hp-space-returns-a-string", search(lambda trial: "abc"), TypeError, ("hp_space returned 'abc'", "not a dict")),
+    Row("hp-space-returns-none", search(lambda trial: None), TypeError, ("hp_space returned 'None'", "not a dict")),
+    Row("hp-space-value-not-a-number", search(lambda trial: {"learning_rate": "abc"}), ValueError,
+        ("learning_rate='abc'", "a number")),
+    Row("fsdp-config-min-num-params-text", lambda out: fit(out, args_kw=dict(fsdp="full_shard",
+                                                                            fsdp_config={"min_num_params": "many"})),
+        ValueError, ("fsdp_config min_num_params='many'", "whole number")),
+    Row("fsdp-config-min-num-params-negative", lambda out: fit(out, args_kw=dict(fsdp="full_shard",
+                                                                                fsdp_config={"min_num_params": -5})),
+        ValueError, ("fsdp_config min_num_params=-5", "whole number >= 0")),
+    Row("fsdp-config-version-text", lambda out: fit(out, args_kw=dict(fsdp="full_shard", fsdp_config={"version": "two"})),
+        ValueError, ("fsdp_config version='two'", "whole number")),
+    Row("polynomial-power-text", lambda out: fit(out, args_kw=dict(lr_scheduler_type="polynomial",
+                                                                  lr_scheduler_kwargs={"power": "abc"})),
+        ValueError, ("lr_scheduler_kwargs power='abc'", "'polynomial'", "finite number")),
+    Row("polynomial-power-nan", lambda out: fit(out, args_kw=dict(lr_scheduler_type="polynomial",
+                                                                 lr_scheduler_kwargs={"power": math.nan})),
+        ValueError, ("lr_scheduler_kwargs power=nan", "finite number")),
+    Row("cosine-num-cycles-inf", lambda out: fit(out, args_kw=dict(lr_scheduler_type="cosine",
+                                                                  lr_scheduler_kwargs={"num_cycles": math.inf})),
+        ValueError, ("lr_scheduler_kwargs num_cycles=inf", "'cosine'")),
+    Row("optim-args-value-not-a-number", lambda out: fit(out, args_kw=dict(optim="sgd", optim_args="momentum=fast")),
+        ValueError, ("optim_args momentum='fast'", "optim='sgd'", "a finite number")),
+    Row("optim-args-bool-not-a-bool", lambda out: fit(out, args_kw=dict(optim="sgd", optim_args="nesterov=maybe")),
+        ValueError, ("optim_args nesterov='maybe'", "True or False")),
+    Row("optim-args-nan", lambda out: fit(out, args_kw=dict(optim="rmsprop", optim_args="alpha=nan")),
+        ValueError, ("optim_args alpha=nan", "optim='rmsprop'")),
+    Row("optim-args-entry-without-equals", lambda out: fit(out, args_kw=dict(optim="sgd", optim_args="momentum")),
+        ValueError, ("optim_args='momentum'", "key=value")),
+    # --- cadence plot (issue 20, item 11): what it cannot draw is named, and it writes nothing
+    plot_row("log-history-not-a-list", '{"log_history": {"loss": 1.0}}', [], "trainer_state.json", "log_history is dict"),
+    plot_row("trainer-state-not-an-object", "[1, 2]", [], "trainer_state.json", "not a readable"),
+    plot_row("out-unknown-extension", '{"log_history": [{"loss": 1.0, "step": 1}]}', ["{out}/curves.txt"],
+             "--out=", "curves.txt", "cannot write '.txt'"),
     # --- cadence train: data files, flags, config files (issue 20, item 10)
     cli_row("empty-file", ["--train_file", "{dir}/empty.csv"], "--train_file=", "empty.csv", "is empty"),
     cli_row("header-only-csv", ["--train_file", "{dir}/header.csv"], "--train_file=", "header.csv", "no rows"),
