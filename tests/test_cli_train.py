@@ -243,3 +243,15 @@ def test_a_yaml_config_reads_text_values_as_the_flags_do(tmp_path):
                            "1e-3", "--bf16", "no", "--overwrite_output_dir", "false", "--seed", "7"])
     assert (from_file.learning_rate, from_file.bf16, from_file.overwrite_output_dir, from_file.seed) == (1e-3, False, False, 7)
     assert from_file.to_dict() == from_flags.to_dict()
+
+
+def test_resume_from_checkpoint_true_continues_from_the_newest_checkpoint(tmp_path, model_folder, text_files):
+    out = str(tmp_path / "run")
+    flags = ["train", "--model", str(model_folder), "--train_file", text_files[0], "--block_size", "16",
+             "--output_dir", out, *COMMON[2:]]  # COMMON without its --max_steps
+    assert main([*flags, "--max_steps", "3"]) == 0  # saves checkpoint-3 (save_steps 3)
+    first = json.load(open(os.path.join(out, "trainer_state.json")))["log_history"]
+    assert main([*flags, "--max_steps", "5", "--resume_from_checkpoint", "true"]) == 0
+    history = json.load(open(os.path.join(out, "trainer_state.json")))["log_history"]
+    assert [h["step"] for h in history if "loss" in h] == [1, 2, 3, 4, 5]  # steps 1-3 come from checkpoint-3, 4-5 were trained now
+    assert [h["loss"] for h in history[:3]] == [h["loss"] for h in first[:3]]
