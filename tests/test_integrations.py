@@ -207,9 +207,11 @@ def test_jsonl_resumed_run_appends_and_reads_as_one_run(out_dir, tmp_path):
     path = os.path.join(out_dir, "log_history.jsonl")
     with open(path) as f:
         raw = [json.loads(line) for line in f]
-    # never rewritten: the interrupted run's rows stay first in the file, the resumed run's follow
-    assert raw[: len(first.state.log_history)] == first.state.log_history
-    assert [r["step"] for r in raw if "loss" in r] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+    # the interrupted run's rows up to checkpoint-4 stay, its rows of steps 5 and 6 are cut, the resumed run's follow
+    assert [r["step"] for r in first.state.log_history if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert raw[:5] == first.state.log_history[:5]  # steps 1-4 and the evaluation at 4
+    assert [r["step"] for r in raw if "loss" in r] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert raw == resumed.state.log_history
     history = read_log_history(path)
     assert history == resumed.state.log_history  # the checkpoint's history plus the resumed steps
     assert losses(history) == losses(unbroken.state.log_history)  # exact resume: bit-identical losses
@@ -287,7 +289,7 @@ def test_tensorboard_scalar_events_are_the_bytes_protobuf_writes(step):
     """cadence builds a log's scalar event itself (a third of protobuf's time); protobuf, serializing the same
     Event, is the reference, byte for byte: float32 rounding, overflow to infinity, NaN, ints and bools,
     numpy scalars (which transformers drops), non-ASCII and long tags, varint lengths and steps, step 0 left out;
-    a log with text and one without (the fast path)."""
+    the fast path (one struct.pack) and the value-by-value one (an overflow). A text or a non-number raises."""
     import math
 
     from tensorboard.compat.proto.event_pb2 import Event
@@ -300,12 +302,15 @@ def test_tensorboard_scalar_events_are_the_bytes_protobuf_writes(step):
 
     values = [0.0, -0.0, 1e-3, 1 / 3, -2.5, 3.4028235e38, 3.5e38, -1e39, 1e300, math.inf, -math.inf, math.nan, True,
               7, -3, 2**40, 1e-46, 5e-324, np.float32(0.1), np.int64(-4), np.float64(1e39)]
-    for value in values:
-        for logs in ({"loss": value, "eval_précision": 0.5, "note": "text is not a scalar", "a" * 200: 2},
-                     {"loss": value, "eval_précision": 0.5, "a" * 200: 2}):
+    for value in values + [2**1100, -(2**1100)]:  # ints beyond float64 too: infinity (protobuf cannot take them)
+        for logs in ({"loss": value, "eval_précision": 0.5, "a" * 200: 2}, {"loss": value}):
             expected = Event(wall_time=1733050000.123456, step=step, summary=Summary(value=[
-                Summary.Value(tag=metric_name(k), simple_value=float(v)) for k, v in logs.items() if not isinstance(v, str)]))
+                Summary.Value(tag=metric_name(k), simple_value=(math.inf if v > 0 else -math.inf) if type(v) is int and abs(v) > 2**1024 else float(v))
+                for k, v in logs.items()]))
             assert scalars_event(1733050000.123456, step, logs) == expected.SerializeToString(), value
+    for bad in ({"loss": 1.0, "note": "a text is an event of its own"}, {"loss": None}, {5: 1.0}):
+        with pytest.raises(Exception):  # not a number, not a name: the callback sorts the log out (a warning)
+            scalars_event(1733050000.123456, step, bad)
 
 
 @needs("tensorboard")
