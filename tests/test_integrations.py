@@ -52,6 +52,40 @@ def needs(package):
     return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=f"{package} is not installed")
 
 
+def hostile_logs():
+    """One log of what trackers have stumbled on: numpy scalars and a one-element tensor (numbers), an int beyond
+    float64, an object JSON cannot write, a key that is not a string, a name MLflow refuses, a text."""
+    import numpy as np
+    import torch
+
+    return {"np_float": np.float32(0.5), "np_int": np.int64(3), "tensor": torch.tensor([1.5]), "huge": 10**400,
+            "obj": object(), 5: 1.0, "name//x": 2.0, "note": "text"}
+
+
+HOSTILE_STEPS = (2, 3)  # logged twice: each skipped key is warned about once
+
+
+def hostile_run(out_dir, report_to, caplog, **kw):
+    """A run that logs ``hostile_logs()`` through ``Trainer.log`` at HOSTILE_STEPS; returns (trainer, {tracker:
+    [keys warned about, in order]}) after checking that no tracker failed (no error logged)."""
+
+    class LogHostile(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in HOSTILE_STEPS:
+                trainer.log(hostile_logs())
+
+    # no checkpoints: trainer_state.json (json.dumps of state.log_history) cannot hold these values either
+    trainer = make_trainer(out_dir, report_to, callbacks=[LogHostile()], save_strategy="no", **kw)
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        trainer.train()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []  # none switched off
+    warned = {}
+    for record in caplog.records:
+        if "cannot take the logged" in record.getMessage():
+            warned.setdefault(record.args[0], []).append(record.args[1])
+    return trainer, warned
+
+
 # ----------------------------------------------------------------------------------------- registry
 
 
@@ -114,6 +148,26 @@ def test_trackers_close_their_files_when_training_ends(out_dir):
     written = glob.glob(os.path.join(out_dir, "runs", "*", "events.out.tfevents.*")) + glob.glob(f"{out_dir}/*.jsonl")
     assert len(written) == 2
     assert open_here() == []
+    trainer.evaluate()  # after training: the trackers reopen their run for the log, and close it again
+    assert open_here() == []
+    trainer.log({"note_after": 1.0})
+    assert open_here() == []
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))  # the same run
+    assert read_scalars(folder)[1]["eval/loss"][STEPS] == pytest.approx(trainer.state.log_history[-2]["eval_loss"])
+    assert read_log_history(os.path.join(out_dir, "log_history.jsonl")) == trainer.state.log_history
+
+
+@needs("tensorboard")
+def test_an_evaluate_before_training_belongs_to_the_training_run(out_dir):
+    trainer = make_trainer(out_dir, ["jsonl", "tensorboard"])
+    trainer.evaluate()  # step 0: opens the run, writes, closes it
+    trainer.train()  # continues that run: one folder, the step-0 evaluation in it
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))
+    _, _, steps = read_scalars(folder)
+    assert steps["eval/loss"] == [0, SAVE, STEPS] and steps["train/loss"] == list(range(1, STEPS + 1))
+    history = read_log_history(os.path.join(out_dir, "log_history.jsonl"))
+    assert history[1:] == trainer.state.log_history  # train() starts a new state.log_history; the file keeps both
+    assert history[0]["step"] == 0 and "eval_loss" in history[0]
 
 
 def test_jsonl_lines_are_json_dumps_of_each_row():
@@ -217,6 +271,55 @@ def test_jsonl_resumed_run_appends_and_reads_as_one_run(out_dir, tmp_path):
     assert losses(history) == losses(unbroken.state.log_history)  # exact resume: bit-identical losses
 
 
+class CrashAt(TrainerCallback):
+    """Raises at the end of optimizer step ``step`` (before that step's log): the run crashes with step - 1 logged."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise RuntimeError("power cut")
+
+
+def test_jsonl_after_a_crash_and_resume_holds_each_step_once(out_dir, tmp_path):
+    """Crashed with step 5 logged (and a row cut short, as a kill mid-write leaves it), resumed from
+    checkpoint-4: the file holds each step once, the resumed run's, as does read_log_history (cadence plot)."""
+    unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
+    unbroken.train()
+    with pytest.raises(Exception, match="power cut"):
+        make_trainer(out_dir, "jsonl", callbacks=[CrashAt(SAVE + 2)]).train()
+    path = os.path.join(out_dir, "log_history.jsonl")
+    assert [r["step"] for r in read_log_history(path) if "loss" in r] == [1, 2, 3, 4, 5]
+    with open(path, "ab") as f:
+        f.write(b'{"loss": 9.5, "grad_n')
+    resumed = make_trainer(out_dir, "jsonl")
+    resumed.train(resume_from_checkpoint=os.path.join(out_dir, f"checkpoint-{SAVE}"))
+    with open(path) as f:
+        raw = [json.loads(line) for line in f]
+    assert raw == resumed.state.log_history
+    history = read_log_history(path)
+    assert [r["step"] for r in history if "loss" in r] == list(range(1, STEPS + 1))
+    assert losses(history) == losses(unbroken.state.log_history)
+
+
+def test_jsonl_writes_numbers_and_leaves_out_what_json_cannot_write(out_dir, caplog):
+    trainer, warned = hostile_run(out_dir, "jsonl", caplog)
+    assert warned == {"jsonl": ["obj"]}  # once, though logged twice
+    path = os.path.join(out_dir, "log_history.jsonl")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    expected = []
+    for row in trainer.state.log_history:  # every row kept; the odd ones as JSON has them
+        if "obj" in row:
+            row = {**{k: v for k, v in row.items() if k != "obj" and k != 5}, "np_float": 0.5, "np_int": 3,
+                   "tensor": 1.5, "5": 1.0}
+        expected.append(row)
+    assert rows == expected
+    hostile = [r for r in rows if "note" in r]
+    assert [r["step"] for r in hostile] == list(HOSTILE_STEPS) and hostile[0]["huge"] == 10**400  # JSON keeps the int
+
+
 # ----------------------------------------------------------------------------------------- tensorboard
 
 
@@ -314,6 +417,42 @@ def test_tensorboard_scalar_events_are_the_bytes_protobuf_writes(step):
 
 
 @needs("tensorboard")
+def test_tensorboard_writes_numbers_and_texts_and_leaves_out_the_rest(out_dir, caplog):
+    trainer, warned = hostile_run(out_dir, "tensorboard", caplog)
+    assert warned == {"tensorboard": ["obj", 5]}
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))
+    acc, scalars, _ = read_scalars(folder)
+    assert scalars["train/loss"] == pytest.approx(losses(trainer.state.log_history), rel=1e-6)  # no row lost
+    at = dict.fromkeys(HOSTILE_STEPS)
+    assert scalars["train/np_float"] == {s: 0.5 for s in at} and scalars["train/np_int"] == {s: 3.0 for s in at}
+    assert scalars["train/tensor"] == {s: 1.5 for s in at} and scalars["train/name//x"] == {s: 2.0 for s in at}
+    assert scalars["train/huge"] == {s: float("inf") for s in at}  # beyond float32: infinity, as protobuf has it
+    notes = acc.Tensors("train/note/text_summary")
+    assert [(e.step, e.tensor_proto.string_val[0]) for e in notes] == [(s, b"text") for s in at]
+
+
+@needs("tensorboard")
+def test_unwritable_logging_dir_is_refused_when_the_trainer_is_built(out_dir, tmp_path, monkeypatch):
+    """As transformers (whose SummaryWriter raises at on_train_begin), but before anything is written and naming
+    the folder: a folder under a file, a read-only folder, $TENSORBOARD_LOGGING_DIR."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match=rf"logging_dir='{blocker}/tb' cannot be written \({blocker} is not a folder"):
+        make_trainer(out_dir, "tensorboard", logging_dir=str(blocker / "tb"))
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(blocker / "tb2"))
+    with pytest.raises(ValueError, match=r"\$TENSORBOARD_LOGGING_DIR=.*tb2' cannot be written"):
+        make_trainer(out_dir, "tensorboard")
+    make_trainer(out_dir, "jsonl")  # a run without TensorBoard does not care
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR")
+    if os.geteuid() != 0:  # root writes into read-only folders
+        read_only = tmp_path / "read_only"
+        read_only.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match=rf"{read_only} is not writable"):
+            make_trainer(out_dir, "tensorboard", logging_dir=str(read_only / "runs"))
+    assert not os.path.exists(out_dir)  # nothing written
+
+
+@needs("tensorboard")
 def test_tensorboard_events_carry_the_time_of_their_log(out_dir):
     """Written in batches, each event still has its own log's wall time: a 0.3 s pause before step 3's
     log shows between steps 2 and 3, not spread over the batch."""
@@ -373,8 +512,8 @@ def test_failing_tracker_is_switched_off_and_training_finishes(out_dir, caplog):
 @needs("tensorboard")
 def test_tracker_that_cannot_start_leaves_the_others_running(out_dir, tmp_path, caplog):
     blocker = tmp_path / "a_file"
-    blocker.write_text("not a folder")
     trainer = make_trainer(out_dir, ["tensorboard", "jsonl"], logging_dir=str(blocker / "tb"))
+    blocker.write_text("not a folder")  # after the Trainer checked the folder: TensorBoard fails when it starts
     with caplog.at_level(logging.ERROR, logger="cadence"):
         trainer.train()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import time
 from typing import Any
 
@@ -128,6 +129,24 @@ def as_float(value: int | float) -> float:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
+
+
+def unwritable(folder: str) -> str | None:
+    """Why ``folder`` cannot be created or written to (its nearest existing part is a file, or not writable),
+    else None. Creates nothing.
+
+    Example:
+        >>> unwritable("/proc/runs")
+        '/proc is not writable'
+    """
+    path = os.path.abspath(os.path.expanduser(folder))
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path} is not a folder"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
 
 
 def describe(value: Any) -> str:

@@ -33,7 +33,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .base import FLUSH_SECS, TrackerCallback, metric_name, number
+from .base import FLUSH_SECS, TrackerCallback, metric_name, number, unwritable
 
 
 def default_logdir() -> str:
@@ -175,6 +175,18 @@ class TensorBoardCallback(TrackerCallback):
         self._event = Event
         self.tb_writer = tb_writer
         self._events = None  # where the events go: cadence's _EventFile or the user's writer
+
+    def check_args(self, args):
+        if self.tb_writer is not None:
+            return
+        name, folder = "logging_dir", args.logging_dir
+        if not folder and os.getenv("TENSORBOARD_LOGGING_DIR"):
+            name, folder = "$TENSORBOARD_LOGGING_DIR", os.environ["TENSORBOARD_LOGGING_DIR"]
+        why = unwritable(folder) if folder else None  # the default is under output_dir, which the Trainer checks
+        if why:
+            raise ValueError(f"{name}={folder!r} cannot be written ({why}): report_to 'tensorboard' writes its event "
+                             f"files there; give a folder this process can write, or leave {name} unset "
+                             f"(output_dir/runs/<time>_<host>)")
 
     def start(self, args, state, model, resumed):
         if self.tb_writer is not None:  # the user's writer
