@@ -78,7 +78,8 @@ def hostile_run(out_dir, report_to, caplog, **kw):
     trainer = make_trainer(out_dir, report_to, callbacks=[LogHostile()], save_strategy="no", **kw)
     with caplog.at_level(logging.WARNING, logger="cadence"):
         trainer.train()
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []  # none switched off
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("cadence")]
+    assert errors == []  # no tracker switched off
     warned = {}
     for record in caplog.records:
         if "cannot take the logged" in record.getMessage():
@@ -580,22 +581,53 @@ def test_mlflow_params_metrics_and_status(out_dir, mlflow_store):
 
 @needs("mlflow")
 @pytest.mark.slow
-def test_mlflow_run_is_failed_on_an_error_and_resumed_into_the_same_run(out_dir, mlflow_store):
-    class Crash(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 6:
-                raise RuntimeError("power cut")
-
+def test_mlflow_run_is_failed_on_an_error_and_resumed_with_each_step_once(out_dir, mlflow_store, tmp_path):
+    """Crashed with step 5 logged, resumed from checkpoint-4: the run goes on in a copy up to step 4 (same name,
+    parameters, tags, metrics), the crashed run is deleted (restorable); each step once, the resumed run's values."""
+    unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
+    unbroken.train()
     with pytest.raises(Exception, match="power cut"):
-        make_trainer(out_dir, "mlflow", callbacks=[Crash()]).train()
-    run = only_run(mlflow_store)
-    assert run.info.status == "FAILED"  # ended, not left running
-    resumed = make_trainer(out_dir, "mlflow")
+        make_trainer(out_dir, "mlflow", run_name="r1", callbacks=[CrashAt(SAVE + 2)]).train()
+    crashed = only_run(mlflow_store)
+    assert crashed.info.status == "FAILED"  # ended, not left running
+    assert [m.step for m in mlflow_store.get_metric_history(crashed.info.run_id, "loss")] == [1, 2, 3, 4, 5]
+    resumed = make_trainer(out_dir, "mlflow", run_name="r1")
     resumed.train(resume_from_checkpoint=True)  # checkpoint-4
-    run = only_run(mlflow_store)  # still one run: the same one, reopened
-    assert run.info.status == "FINISHED"
-    steps = [m.step for m in mlflow_store.get_metric_history(run.info.run_id, "loss")]
-    assert sorted(set(steps)) == list(range(1, STEPS + 1))  # 5 and 6 twice: the crashed run's and the resumed run's
+    run = only_run(mlflow_store)  # one run
+    assert run.info.status == "FINISHED" and run.info.run_name == "r1"
+    assert run.data.tags["cadence.resumed_from_run_id"] == crashed.info.run_id
+    assert run.data.params == crashed.data.params
+    history = mlflow_store.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(1, STEPS + 1))
+    assert {m.step: m.value for m in history} == losses(unbroken.state.log_history)  # exact resume, float64
+    evals = mlflow_store.get_metric_history(run.info.run_id, "eval_loss")
+    assert [m.step for m in evals] == [SAVE, STEPS]
+    assert mlflow_store.get_run(crashed.info.run_id).info.lifecycle_stage == "deleted"
+    # a run stopped at its checkpoint holds nothing after it: resuming reopens that very run
+    again = make_trainer(str(tmp_path / "again"), "mlflow", callbacks=[stop_at(SAVE)])
+    again.train()
+    first_id = again.callback_handler.callbacks[1].run_id
+    make_trainer(str(tmp_path / "again"), "mlflow").train(resume_from_checkpoint=True)
+    ids = {r.info.run_id for r in mlflow_store.search_runs([run.info.experiment_id])}
+    assert first_id in ids and len(ids) == 2
+
+
+@needs("mlflow")
+@pytest.mark.slow
+def test_mlflow_logs_numbers_and_leaves_out_what_it_cannot_take(out_dir, mlflow_store, caplog):
+    trainer, warned = hostile_run(out_dir, "mlflow", caplog)
+    assert warned == {"mlflow": ["obj", 5, "name//x", "note"]}  # each once, though logged twice
+    run = only_run(mlflow_store)
+    assert run.info.status == "FINISHED"  # not switched off, not FAILED
+
+    def history(key):
+        return {m.step: m.value for m in mlflow_store.get_metric_history(run.info.run_id, key)}
+
+    assert history("loss") == losses(trainer.state.log_history)  # no row lost
+    at = dict.fromkeys(HOSTILE_STEPS)
+    assert history("np_float") == {s: 0.5 for s in at} and history("np_int") == {s: 3.0 for s in at}
+    assert history("tensor") == {s: 1.5 for s in at}
+    assert history("huge") == {s: sys.float_info.max for s in at}  # infinity, as MLflow's SQL store keeps it
 
 
 @needs("mlflow")
@@ -737,6 +769,19 @@ def test_wandb_offline_run_file(out_dir, wandb_offline, monkeypatch):
 
 @needs("wandb")
 @pytest.mark.slow
+def test_wandb_logs_numbers_and_leaves_out_what_it_cannot_take(out_dir, wandb_offline, caplog):
+    trainer, warned = hostile_run(out_dir, "wandb", caplog)
+    assert warned == {"wandb": ["obj", 5]}
+    (path,) = glob.glob(str(wandb_offline / "wandb" / "offline-run-*" / "run-*.wandb"))
+    _, rows, _, _ = wandb_history([path])
+    assert {s: r["train/loss"] for s, r in rows.items() if "train/loss" in r} == losses(trainer.state.log_history)
+    for step in HOSTILE_STEPS:
+        got = {k: rows[step][f"train/{k}"] for k in ("np_float", "np_int", "tensor", "huge", "name//x", "note")}
+        assert got == {"np_float": 0.5, "np_int": 3, "tensor": 1.5, "huge": float("inf"), "name//x": 2.0, "note": "text"}
+
+
+@needs("wandb")
+@pytest.mark.slow
 def test_wandb_resume_continues_the_same_run(out_dir, wandb_offline):
     interrupted_then_resumed(out_dir, "wandb")
     paths = sorted(glob.glob(str(wandb_offline / "wandb" / "offline-run-*" / "run-*.wandb")))
@@ -769,3 +814,52 @@ def test_trackio_local_store_and_resume(out_dir, trackio_store, tmp_path):
         if "train/loss" in row:
             loss[row["step"]] = row["train/loss"]  # the resumed run's value is the later row
     assert loss == losses(unbroken.state.log_history)
+
+
+@needs("trackio")
+@pytest.mark.slow
+def test_trackio_logs_numbers_and_leaves_out_what_it_cannot_take(out_dir, trackio_store, caplog):
+    trainer, warned = hostile_run(out_dir, "trackio", caplog, project="cadence-test", run_name="r1")
+    assert warned == {"trackio": ["obj", 5]}
+    logs = trackio_store.get_logs("cadence-test", "r1")
+    assert {r["step"]: r["train/loss"] for r in logs if "train/loss" in r} == losses(trainer.state.log_history)
+    hostile = [r for r in logs if "train/note" in r]
+    assert [r["step"] for r in hostile] == list(HOSTILE_STEPS)
+    for row in hostile:  # Trackio itself drops tensors and ints beyond 64 bits
+        got = {k: row[f"train/{k}"] for k in ("np_float", "np_int", "tensor", "huge", "name//x", "note")}
+        assert got == {"np_float": 0.5, "np_int": 3, "tensor": 1.5, "huge": float("inf"), "name//x": 2.0, "note": "text"}
+
+
+# ----------------------------------------------------------------------------------------- integration_utils
+
+
+def test_integration_utils_has_transformers_names():
+    """``cadence.integrations.integration_utils`` re-exports the trackers under transformers' names; importing it,
+    and naming a callback, imports no tracker package (a fresh interpreter shows it)."""
+    import subprocess
+
+    import transformers.integrations.integration_utils as hf
+    from cadence.integrations import integration_utils as ours
+    from cadence.integrations.mlflow import MLflowCallback
+    from cadence.integrations.tensorboard import TensorBoardCallback
+
+    names = ["TensorBoardCallback", "MLflowCallback", "WandbCallback", "TrackioCallback", "INTEGRATION_TO_CALLBACK",
+             "get_reporting_integration_callbacks", "get_available_reporting_integrations", "rewrite_logs",
+             "default_logdir"] + [f"is_{n}_available" for n in (
+                 "tensorboard", "mlflow", "wandb", "trackio", "comet", "clearml", "codecarbon", "dvclive", "swanlab",
+                 "kubeflow", "azureml", "dagshub", "neptune", "flytekit")]  # transformers' trackers' checks
+    for name in names:
+        assert hasattr(hf, name) and hasattr(ours, name), name
+    assert ours.TensorBoardCallback is TensorBoardCallback and ours.MLflowCallback is MLflowCallback
+    assert ours.INTEGRATION_TO_CALLBACK["tensorboard"] is TensorBoardCallback
+    assert ours.get_reporting_integration_callbacks(["jsonl", "tensorboard"])[1] is TensorBoardCallback
+    assert ours.get_available_reporting_integrations() == registry.available_integrations()
+    assert ours.is_tensorboard_available() is (importlib.util.find_spec("tensorboard") is not None)
+    assert ours.is_neptune_available() is False  # a tracker cadence does not have is never available here
+    assert ours.rewrite_logs({"eval_loss": 1.0}) == hf.rewrite_logs({"eval_loss": 1.0})
+    code = ("import sys; from cadence.integrations.integration_utils import MLflowCallback, WandbCallback, "
+            "TensorBoardCallback, TrackioCallback, is_mlflow_available; is_mlflow_available(); "
+            "print(sorted(m for m in ('mlflow', 'wandb', 'tensorboard', 'trackio') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]"
