@@ -116,8 +116,8 @@ def number(value: Any) -> int | float | bool | None:
         return int(value)
     if kind.__module__.partition(".")[0] in ("numpy", "torch"):  # only their .item() is known to mean this
         try:
-            value = value.item()  # a larger array or tensor raises
-        except (ValueError, RuntimeError):
+            value = value.item()  # a larger array or tensor raises (ValueError, RuntimeError), a meta tensor too
+        except Exception:  # noqa: BLE001 - whatever it raises, it is not a number to log
             return None
         return value if type(value) in (int, float, bool) else None  # not a complex number, not a text
     return None

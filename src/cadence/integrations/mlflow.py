@@ -106,7 +106,7 @@ class MLflowCallback(TrackerCallback):
             return run_id
         from mlflow.entities import Metric, Param
 
-        tags = {k: v for k, v in old.data.tags.items() if not k.startswith("mlflow.") or k == "mlflow.parentRunId"}
+        tags = {k: v for k, v in old.data.tags.items() if k != "mlflow.runName"}  # the name is create_run's
         new = client.create_run(old.info.experiment_id, run_name=old.info.run_name, tags=tags)
         new_id = new.info.run_id
         metrics = [Metric(m.key, m.value, m.timestamp, m.step) for values in history.values() for m in values
