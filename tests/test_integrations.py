@@ -454,6 +454,24 @@ def test_unwritable_logging_dir_is_refused_when_the_trainer_is_built(out_dir, tm
 
 
 @needs("tensorboard")
+@pytest.mark.slow  # importing transformers' Trainer
+def test_transformers_refuses_an_unwritable_tensorboard_folder_too(tmp_path, monkeypatch):
+    """The reference for the test above: transformers 5 (whose folder is $TENSORBOARD_LOGGING_DIR) raises when
+    training starts, before a step, as its SummaryWriter cannot make the folder."""
+    import transformers
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(blocker / "tb"))
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="tensorboard", max_steps=2,
+                                             use_cpu=True, disable_tqdm=True)
+    hf = transformers.Trainer(RegressionModel(), hf_args, train_dataset=RegressionDataset())
+    with pytest.raises(OSError):
+        hf.train()
+    assert hf.state.global_step == 0
+
+
+@needs("tensorboard")
 def test_tensorboard_events_carry_the_time_of_their_log(out_dir):
     """Written in batches, each event still has its own log's wall time: a 0.3 s pause before step 3's
     log shows between steps 2 and 3, not spread over the batch."""
