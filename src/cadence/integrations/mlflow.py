@@ -101,6 +101,9 @@ class MLflowCallback(TrackerCallback):
         run is then deleted; see the module docstring)."""
         client = self._mlflow.MlflowClient()
         old = client.get_run(run_id)
+        latest = getattr(old.data, "_metric_objs", None)  # each key's value at its highest step: a cheap first look
+        if latest is not None and not any(m.step > step for m in latest):
+            return run_id  # the usual case (an evaluate() after training, a run stopped at its checkpoint)
         history = {key: client.get_metric_history(run_id, key) for key in old.data.metrics}
         if not any(m.step > step for values in history.values() for m in values):
             return run_id
