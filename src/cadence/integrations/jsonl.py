@@ -94,30 +94,55 @@ def json_lines(rows: list[dict[str, Any]]) -> str:
     return text.replace("}, {", "}\n{") + "\n"
 
 
-def drop_rows_after(path: str | os.PathLike, step: int) -> int:
+def drop_rows_after(path: str | os.PathLike, step: int, block: int = 1 << 16) -> int:
     """Cut the rows with a step above ``step`` off the end of the ``log_history.jsonl`` at ``path``, and a last
     line cut short; return how many lines were cut. Earlier rows (those of an earlier run too) stay as they are.
+    Only the file's tail is read, ``block`` bytes at a time: a run reopens the file after every resume and
+    every ``evaluate()`` after training.
 
     Example:
         >>> drop_rows_after("out/log_history.jsonl", 4)  # a run that logged steps 5 and 6 after checkpoint-4
         2
     """
-    data = Path(path).read_bytes()
-    cut, dropped = len(data), 0
-    while cut > 0:
-        start = data.rfind(b"\n", 0, cut - 1) + 1  # the last line left: data[start:cut]
-        try:
-            row_step = json.loads(data[start:cut])["step"]
-            if not isinstance(row_step, (int, float)):
-                raise TypeError(row_step)
-        except (ValueError, TypeError, KeyError):  # cut short by a crash mid-write, or not a row: not kept
-            row_step = math.inf
-        if row_step <= step:
-            break
-        cut, dropped = start, dropped + 1
-    if dropped:
-        os.truncate(path, cut)
+    with open(path, "r+b") as f:
+        cut, dropped = None, 0
+        for start, line in _lines_backwards(f, block):
+            if _row_step(line) <= step:
+                break
+            cut, dropped = start, dropped + 1
+        if cut is not None:
+            f.truncate(cut)
     return dropped
+
+
+def _row_step(line: bytes) -> float:
+    """A row's step; infinity for a line that is not a row (cut short by a crash mid-write)."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, TypeError, KeyError):
+        return math.inf
+    return step if isinstance(step, (int, float)) else math.inf
+
+
+def _lines_backwards(f, block: int):
+    """``(offset, line)`` for each line of the open file ``f``, the last first (a final newline ends the last line)."""
+    pos, rest, first = f.seek(0, os.SEEK_END), b"", True
+    while pos > 0:
+        size = min(block, pos)
+        pos -= size
+        f.seek(pos)
+        parts = (f.read(size) + rest).split(b"\n")  # the bytes from pos to the start of the lines already given
+        if first and parts[-1] == b"":
+            parts.pop()
+        first = False
+        starts = [pos]
+        for part in parts[:-1]:
+            starts.append(starts[-1] + len(part) + 1)
+        for i in range(len(parts) - 1, 0, -1):
+            yield starts[i], parts[i]
+        if pos == 0:
+            yield starts[0], parts[0]
+        rest = parts[0]  # may begin before pos: completed by the next block
 
 
 def read_log_history(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -17,6 +17,10 @@ from .base import SUMMARY_KEYS, TrackerCallback, as_float, number, rewrite_logs,
 _INT64 = 2**63  # Trackio drops ints outside int64 ("exceeds 64-bit range")
 
 
+def _is_trackio_object(value) -> bool:
+    return type(value).__module__.startswith("trackio")  # trackio.Image, Table, Histogram, ...
+
+
 class TrackioCallback(TrackerCallback):
     """Send config and metrics to Trackio."""
 
@@ -47,8 +51,8 @@ class TrackioCallback(TrackerCallback):
                 self.skip(key, value, "a Trackio metric name is a string")
             elif as_number is not None:
                 kept[key] = as_float(as_number) if type(as_number) is int and abs(as_number) >= _INT64 else as_number
-            elif value is None or isinstance(value, (str, list, tuple, dict)) or type(value).__module__.startswith("trackio"):
-                kept[key] = value
+            elif value is None or isinstance(value, (str, list, tuple, dict)) or _is_trackio_object(value):
+                kept[key] = value  # Trackio encodes these itself (its media objects included)
             else:
                 self.skip(key, value, "Trackio takes numbers, texts, lists, dicts and its media objects")
         return kept
