@@ -934,3 +934,50 @@ def test_integration_utils_names_are_transformers_names():
     for name in INTEGRATION_UTILS_NAMES:
         assert hasattr(hf, name), name
     assert ours.rewrite_logs({"eval_loss": 1.0, "loss": 2.0}) == hf.rewrite_logs({"eval_loss": 1.0, "loss": 2.0})
+
+
+def test_checkpoints_keep_a_log_json_cannot_write_as_it_is(out_dir):
+    """trainer_state.json holds a log with numpy scalars, a tensor, an object and an int key (transformers' json.dumps
+    raises at the next checkpoint): numbers as numbers, the rest as text, and resume reads it back."""
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+
+    from cadence import TrainerState
+
+    class LogOdd(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                trainer.log({"np_float": np.float32(0.5), "tensor": torch.tensor([1.5]), "obj": object(), 5: 1.0})
+
+    trainer = make_trainer(out_dir, "none", callbacks=[LogOdd()], save_strategy="steps")
+    trainer.train()
+    state_file = Path(out_dir, f"checkpoint-{SAVE}", "trainer_state.json")
+    saved = json.loads(state_file.read_text())
+    row = next(r for r in saved["log_history"] if "np_float" in r)
+    assert row["np_float"] == 0.5 and row["tensor"] == 1.5 and row["5"] == 1.0
+    assert row["obj"].startswith("<object object at")
+    assert TrainerState.load_from_json(str(state_file)).global_step == SAVE
+
+
+@needs("wandb")
+@pytest.mark.slow
+def test_wandb_uploads_no_final_model_when_training_was_interrupted(out_dir, wandb_offline, monkeypatch):
+    import signal
+
+    from test_crash import Signal
+
+    monkeypatch.setenv("WANDB_LOG_MODEL", "end")
+    trainer = make_trainer(out_dir, "wandb", callbacks=[Signal(2, signal.SIGUSR1)], save_strategy="no",
+                           enable_jit_checkpoint=True)
+    trainer.train()
+    assert trainer.state.interrupted and trainer.state.global_step == 2
+    (path,) = glob.glob(str(wandb_offline / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert wandb_history([path])[3] == []  # the finished run below does upload: the reader sees artifacts
+    wandb_offline_dir = wandb_offline / "wandb"
+    for run in wandb_offline_dir.glob("offline-run-*"):
+        run.rename(run.with_name("done-" + run.name))
+    make_trainer(out_dir + "-full", "wandb", save_strategy="no").train()
+    (path,) = glob.glob(str(wandb_offline_dir / "offline-run-*" / "run-*.wandb"))
+    assert [kind for kind, _ in wandb_history([path])[3]] == ["model"]

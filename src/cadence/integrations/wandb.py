@@ -98,7 +98,10 @@ class WandbCallback(TrackerCallback):
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if state.is_world_process_zero and self._started and self._log_model == "end":
-            self._safely("on_train_end", self._upload_final, model, processing_class)
+            if state.interrupted:  # a partly trained model is not the final one; its checkpoint is what resumes
+                logger.warning("W&B: training was interrupted, so no final_model is uploaded (WANDB_LOG_MODEL=end)")
+            else:
+                self._safely("on_train_end", self._upload_final, model, processing_class)
         super().on_train_end(args, state, control, **kwargs)
 
     def _upload_final(self, model, processing_class) -> None:
