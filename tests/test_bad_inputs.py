@@ -361,6 +361,9 @@ ROWS = [
                      )(RegressionModel()),
         ValueError, ("optimizers=(SGD, LambdaLR)", "another optimizer")),
     Row("callbacks-object", lambda out: fit(out, callbacks=[object()]), TypeError, ("callbacks", "object")),
+    Row("trackers-logging_dir-under-a-file",  # the user's notes.txt stands where TensorBoard's folder would go
+        lambda out: fit(out, args_kw=dict(report_to="tensorboard", logging_dir=os.path.join(out, "notes.txt", "tb"))),
+        ValueError, ("logging_dir=", "notes.txt is not a folder")),
     Row("callbacks-class-needing-arguments", lambda out: fit(out, callbacks=[NeedsArgs]),
         TypeError, ("callbacks", "NeedsArgs", "instance")),
     Row("metric-for-best-model-unobtainable",
