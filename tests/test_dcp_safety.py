@@ -27,30 +27,32 @@ def plant_metadata(folder, marker):
     meta = pickle.loads((folder / ".metadata").read_bytes())
     meta.planner_data = {"x": Evil(marker)}  # buried in a valid Metadata, not just the whole file
     (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    return ".metadata"
 
 
 def plant_blob(folder, marker, kind):
-    """A ``torch.save`` payload appended to ``__0_0.distcp``, and ``.metadata`` (legitimately pickled) pointed at it
-    for the first entry of ``kind`` ("bytes": a non-tensor value; "tensor")."""
+    """A ``torch.save`` payload appended to a ``.distcp`` file, and ``.metadata`` (legitimately pickled) pointed at it
+    for the first entry of ``kind`` ("bytes": a non-tensor value; "tensor"); returns the file's name."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     meta = pickle.loads((folder / ".metadata").read_bytes())
-    index = next(i for i, info in meta.storage_data.items() if info.relative_path == "__0_0.distcp"
-                 and isinstance(meta.state_dict_metadata[i.fqn], BytesStorageMetadata) == (kind == "bytes"))
+    index = next(i for i in sorted(meta.storage_data, key=lambda i: meta.storage_data[i].relative_path)
+                 if isinstance(meta.state_dict_metadata[i.fqn], BytesStorageMetadata) == (kind == "bytes"))
     payload = io.BytesIO()
     torch.save({"x": Evil(marker)}, payload)
-    path = folder / "__0_0.distcp"
+    path = folder / meta.storage_data[index].relative_path
     meta.storage_data[index].offset = path.stat().st_size
     meta.storage_data[index].length = len(payload.getvalue())
     with open(path, "ab") as f:
         f.write(payload.getvalue())
     (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    return path.name
 
 
 PLANTS = {
-    "metadata": (plant_metadata, ".metadata"),
-    "distcp-value": (lambda folder, marker: plant_blob(folder, marker, "bytes"), "__0_0.distcp"),
-    "distcp-tensor": (lambda folder, marker: plant_blob(folder, marker, "tensor"), "__0_0.distcp"),
+    "metadata": plant_metadata,
+    "distcp-value": lambda folder, marker: plant_blob(folder, marker, "bytes"),
+    "distcp-tensor": lambda folder, marker: plant_blob(folder, marker, "tensor"),
 }
 
 
@@ -105,8 +107,7 @@ def test_a_planted_pickle_never_runs(dcp_folder, tmp_path, plant):
     import torch.distributed.checkpoint as dcp
 
     marker = str(tmp_path / "pwned.txt")
-    damage, name = PLANTS[plant]
-    damage(dcp_folder, marker)
+    name = PLANTS[plant](dcp_folder, marker)
     with pytest.raises(UnsafeCheckpointError, match=f"refusing to load .*optimizer_0/{name}.*nothing in it was executed"):
         checkpoint.check_dcp_folder(dcp_folder)
     with warnings.catch_warnings(), pytest.raises(UnsafeCheckpointError, match=f"optimizer_0/{name}|optimizer_0"):
@@ -177,8 +178,7 @@ def test_resuming_a_sharded_fsdp_checkpoint_never_runs_a_planted_pickle(sharded_
     shutil.copytree(sharded_run, out)
     ckpt = out / "checkpoint-4"
     marker = str(tmp_path / "pwned.txt")
-    damage, name = PLANTS[plant]
-    damage(ckpt / shards, marker)
+    name = PLANTS[plant](ckpt / shards, marker)
     if manifest == "recomputed":  # an attacker who rewrites the manifest too: the hashes match
         checkpoint.write_manifest(ckpt)
     else:

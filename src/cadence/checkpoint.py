@@ -89,6 +89,11 @@ TRAINING_ARGS_JSON = "training_args.json"
 RNG_STATE_NAME = "rng_state.pth"
 LOOP_STATE_NAME = "loop_state.json"
 STREAM_STATE_NAME = "stream_state.pt"  # an iterable dataset's own state_dict(), when it has one
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"  # sharded weights, as save_pretrained writes them
+PT_WEIGHTS_NAME = "pytorch_model.bin"  # transformers 4.x / save_safetensors=False (read with weights_only)
+PT_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+# every file name a weights layout uses: single files, indexes, shards (model-00001-of-00002.safetensors)
+WEIGHTS_FILE_RE = re.compile(r"(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?")
 MODEL_SHARDS_NAME = "pytorch_model_fsdp_0"  # FSDP's sharded state (torch.distributed.checkpoint), accelerate's names
 OPTIMIZER_SHARDS_NAME = "optimizer_0"
 
@@ -263,47 +268,100 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
 
     With a manifest (cadence's checkpoints) each listed file's size and sha256 are compared, which
     catches truncation and flipped bytes. Without one (transformers' checkpoints) every JSON,
-    safetensors and ``torch.save`` file is parsed (``weights_only``), which catches truncation.
+    safetensors and ``torch.save`` file is parsed (``weights_only``), which catches truncation; a
+    cadence checkpoint (it has ``loop_state.json``) without its manifest is damaged. Weights a user
+    re-sharded after the save (the manifest's weights files gone, another complete layout there) are
+    parsed instead, with a warning. FSDP's sharded folders are read safely (:func:`check_dcp_folder`)
+    and ``trainer_state.json``'s fields must have their types (:func:`read_trainer_state`).
 
     Raises:
         CorruptCheckpointError: naming the file and what is wrong with it.
         UnsafeCheckpointError: a file holds more than plain data (never unpickled).
     """
     folder = Path(folder)
+    listed = _read_manifest(folder)
+    if listed is None:
+        for path in sorted(folder.iterdir()):
+            _parse_check(folder, path)
+    else:
+        _check_listed(folder, listed)
+    _check_dcp_folders(folder)  # a manifest rewritten with a planted file would match: read them safely too
+    if (folder / TRAINER_STATE_NAME).is_file():
+        read_trainer_state(folder)
+
+
+def _inner_name(name: Any) -> bool:
+    """A relative path that stays inside the checkpoint folder."""
+    return isinstance(name, str) and bool(name) and not os.path.isabs(name) and ".." not in Path(name).parts
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    """The manifest's ``{file: {"bytes", "sha256"}}``, or None when there is none (a transformers checkpoint)."""
     manifest = folder / MANIFEST_NAME
-    if manifest.exists():
-        try:
-            listed = json.loads(manifest.read_text())["files"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest ({type(e).__name__}: {e})") from e
-        for name, entry in listed.items():
-            path = folder / name
-            if not path.is_file():
-                raise _corrupt(folder, name, "is missing")
-            size = path.stat().st_size
-            if size != entry["bytes"] or _sha256(path) != entry["sha256"]:
-                if path.suffix in (".pt", ".pth", ".bin") and unsafe_globals(path):
-                    safe_load(path)  # a replaced file that would run code: UnsafeCheckpointError names what it calls
-                if size != entry["bytes"]:
-                    raise _corrupt(folder, name, f"has {size} bytes but {entry['bytes']} were written (truncated or replaced)")
-                raise _corrupt(folder, name, "has changed since it was written (its sha256 differs from the manifest's)")
-        _check_dcp_folders(folder)  # a manifest rewritten with a planted file would match: read them safely too
-        return
-    _check_dcp_folders(folder)
-    for path in sorted(folder.iterdir()):
-        try:
-            if path.suffix == ".json":
-                json.loads(path.read_text())
-            elif path.suffix == ".safetensors":
-                _check_safetensors(path)
-            elif path.suffix in (".pt", ".pth"):
-                safe_load(path, allow_numpy_arrays=path.name.startswith("rng_state"))
-        except UnsafeCheckpointError:
-            if unsafe_globals(path):
-                raise
-            raise _corrupt(folder, path.name, "cannot be read (truncated or not a torch.save file)") from None
-        except Exception as e:  # noqa: BLE001 - whatever the reader says, the file is unreadable
-            raise _corrupt(folder, path.name, f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+    if not manifest.exists():
+        if (folder / LOOP_STATE_NAME).exists():
+            raise _corrupt(folder, MANIFEST_NAME, f"is missing, but {LOOP_STATE_NAME} shows cadence wrote this checkpoint, "
+                           "and cadence writes a manifest into every one: its files cannot be checked for changed bytes")
+        return None
+    try:
+        listed = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest ({type(e).__name__}: {e})") from e
+    if not isinstance(listed, dict):
+        raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest (its 'files' is a {type(listed).__name__}, not an object)")
+    for name, entry in listed.items():
+        if not (_inner_name(name) and isinstance(entry, dict) and type(entry.get("bytes")) is int
+                and isinstance(entry.get("sha256"), str)):
+            raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest (the entry {name!r}: {str(entry)[:80]} is not "
+                           '{"bytes": int, "sha256": str} for a file inside the checkpoint)')
+    return listed
+
+
+def _check_listed(folder: Path, listed: dict) -> None:
+    """Every file the manifest lists has its size and sha256; weights re-sharded since are parsed instead."""
+    missing = [name for name in listed if not (folder / name).is_file()]
+    if missing and all(WEIGHTS_FILE_RE.fullmatch(name) for name in missing):
+        found = weights_files(folder)
+        if found and not any(p.name in listed for p in found):  # a whole other layout, not a part of the listed one
+            for path in found:
+                _parse_check(folder, path)
+            logger.warning("checkpoint %s: its weights are no longer the files it was written with (%s); the %s found "
+                           "instead were checked by parsing them and are loaded", folder, ", ".join(missing[:3]),
+                           ", ".join(p.name for p in found[:3]) + (" ..." if len(found) > 3 else ""))
+            missing = []
+    if missing:
+        raise _corrupt(folder, missing[0], "is missing")
+    for name, entry in listed.items():
+        path = folder / name
+        size = path.stat().st_size
+        if size != entry["bytes"] or _sha256(path) != entry["sha256"]:
+            if path.suffix in (".pt", ".pth", ".bin") and unsafe_globals(path):
+                safe_load(path)  # a replaced file that would run code: UnsafeCheckpointError names what it calls
+            if size != entry["bytes"]:
+                raise _corrupt(folder, name, f"has {size} bytes but {entry['bytes']} were written (truncated or replaced)")
+            raise _corrupt(folder, name, "has changed since it was written (its sha256 differs from the manifest's)")
+
+
+def _parse_check(folder: Path, path: Path) -> None:
+    """Read ``path`` as its kind (JSON, safetensors header, ``torch.save`` with ``weights_only``, a weights index and its
+    shards' presence), which catches truncation; other files (``training_args.bin``, folders) are left to their loaders."""
+    try:
+        if path.name.endswith(".index.json") and WEIGHTS_FILE_RE.fullmatch(path.name):
+            missing = [name for name in _index_shards(path) if not (folder / name).is_file()]
+            if missing:
+                raise _corrupt(folder, missing[0], f"is missing (listed in {path.name})")
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix == ".safetensors":
+            _check_safetensors(path)
+        elif path.suffix in (".pt", ".pth") or (path.suffix == ".bin" and WEIGHTS_FILE_RE.fullmatch(path.name)):
+            safe_load(path, allow_numpy_arrays=path.name.startswith("rng_state"))
+    except (UnsafeCheckpointError, CorruptCheckpointError) as e:
+        if isinstance(e, CorruptCheckpointError) or unsafe_globals(path):
+            raise
+        raise _corrupt(folder, path.name, "cannot be read (truncated or not a torch.save file)") from None
+    except Exception as e:  # noqa: BLE001 - whatever the reader says, the file is unreadable
+        raise _corrupt(folder, path.name, f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
 
 
 def _check_dcp_folders(folder: Path) -> None:
@@ -725,25 +783,98 @@ def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> Non
         )
 
 
+def weights_files(folder: str | os.PathLike) -> list[Path]:
+    """The files that hold the weights in ``folder``: the first layout present of ``model.safetensors``, its index
+    and shards, ``pytorch_model.bin``, its index and shards (transformers' order of preference); [] when none.
+
+    Raises:
+        CorruptCheckpointError: an index that is not ``{"weight_map": {name: shard file}}``.
+    """
+    folder = Path(folder)
+    for name in (WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, PT_WEIGHTS_NAME, PT_WEIGHTS_INDEX_NAME):
+        path = folder / name
+        if path.is_file():
+            return [path, *(folder / shard for shard in _index_shards(path))] if name.endswith(".json") else [path]
+    return []
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard files a weights index names (each once, sorted)."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise _corrupt(index.parent, index.name, f"is not a weights index ({type(e).__name__}: {e})") from e
+    bad = [s for s in shards if not (isinstance(s, str) and WEIGHTS_FILE_RE.fullmatch(s))]
+    if bad or not shards:
+        raise _corrupt(index.parent, index.name, f"is not a weights index (its weight_map names {bad[:1] or 'no file'})")
+    return shards
+
+
 def read_model_weights(folder: str | os.PathLike, device: torch.device) -> dict[str, torch.Tensor]:
-    """The tensors of ``model.safetensors`` (or its sharded index) in ``folder``, on ``device``."""
+    """The tensors of the weights in ``folder`` (:func:`weights_files`: safetensors, or ``pytorch_model.bin``
+    through ``torch.load(weights_only=True)``, single or sharded), on ``device``."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    single, index = folder / WEIGHTS_NAME, folder / f"{WEIGHTS_NAME}.index.json"
-    device = str(device)
-    if single.exists():
-        state = load_file(str(single), device=device)
-    elif index.exists():
-        state = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            state.update(load_file(str(folder / shard), device=device))
-    else:
+    files = [p for p in weights_files(folder) if not p.name.endswith(".json")]
+    if not files:
         raise FileNotFoundError(
-            f"checkpoint {folder} has no {WEIGHTS_NAME}: cadence loads weights only from safetensors files "
-            "(a pytorch_model.bin pickle can run code); convert it with safetensors first"
+            f"checkpoint {folder} has no weights: none of {WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, {PT_WEIGHTS_NAME}, "
+            f"{PT_WEIGHTS_INDEX_NAME}; pass a checkpoint folder written by cadence or transformers"
         )
+    state = {}
+    for path in files:
+        if path.suffix == ".safetensors":
+            state.update(load_file(str(path), device=str(device)))
+        else:  # a pickle: loaded with weights_only, so it cannot run code
+            loaded = safe_load(path)
+            if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+                raise _corrupt(folder, path.name, "does not hold a state dict of tensors")
+            state.update({k: v.to(device) for k, v in loaded.items()})
     return state
+
+
+_NUMBER, _INT, _NONE = (int, float), (int,), (type(None),)
+# trainer_state.json's fields and the JSON types they may hold (what cadence and transformers write)
+_STATE_TYPES = {
+    "epoch": _NUMBER, "global_step": _INT, "max_steps": _INT, "logging_steps": _NUMBER, "eval_steps": _NUMBER,
+    "save_steps": _NUMBER, "train_batch_size": _INT + _NONE, "num_train_epochs": _NUMBER, "num_input_tokens_seen": _INT,
+    "total_flos": _NUMBER, "log_history": (list,) + _NONE, "best_metric": _NUMBER + _NONE, "best_global_step": _INT + _NONE,
+    "best_model_checkpoint": (str,) + _NONE, "is_local_process_zero": (bool,), "is_world_process_zero": (bool,),
+    "is_hyper_param_search": (bool,), "trial_name": (str,) + _NONE, "trial_params": (dict,) + _NONE,
+    "stateful_callbacks": (dict,) + _NONE,
+}
+
+
+def read_trainer_state(folder: str | os.PathLike) -> TrainerState:
+    """``trainer_state.json`` of ``folder`` as a ``TrainerState``, each known field checked for its type first
+    (a string step or a non-list history would otherwise fail only once training has run).
+
+    Raises:
+        CorruptCheckpointError: naming the file, the field and its value.
+    """
+    path = Path(folder) / TRAINER_STATE_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(data, dict):
+        raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"holds a {type(data).__name__}, not an object of TrainerState's fields")
+    for name, value in data.items():
+        types = _STATE_TYPES.get(name)
+        wrong = types is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types))
+        if name == "log_history" and not wrong:
+            wrong = not all(isinstance(row, dict) for row in value or [])
+        elif not wrong and types in (_INT, _INT + _NONE) and value is not None:
+            wrong = value < 0
+        if wrong:
+            kinds = {int: "a whole number >= 0", list: "a list of objects", bool: "true or false", str: "a string",
+                     dict: "an object", type(None): "null"}
+            expected = "a number" if float in types else kinds[types[0]]
+            expected += " or null" if type(None) in types and types[0] is not type(None) else ""
+            raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"has {name}={value!r:.80}, which is not {expected}")
+    return TrainerState.load_from_json(str(path))
 
 
 def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike) -> Path:
@@ -1167,7 +1298,7 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         if objects.get("scaler") is not None:  # a resumed fp16 run continues with the same loss scale
             objects["scaler"].load_state_dict(scaler_state)
     state = objects["trainer_state"]
-    saved = TrainerState.load_from_json(str(folder / TRAINER_STATE_NAME))
+    saved = read_trainer_state(folder)
     if saved.best_model_checkpoint is not None and not os.path.isdir(saved.best_model_checkpoint):
         logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
         saved.best_model_checkpoint = None
