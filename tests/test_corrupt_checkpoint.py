@@ -176,7 +176,7 @@ STATES = [
     ("log_history", {"loss": 1}, "a list of objects or null"),
     ("log_history", [1, 2], "a list of objects or null"),
     ("best_metric", "0.5", "a number or null"),
-    ("epoch", None, "a number"),
+    ("epoch", "1.5", "a number or null"),
     ("is_hyper_param_search", "false", "true or false"),
     ("stateful_callbacks", [], "an object or null"),
     ("train_batch_size", True, "a whole number >= 0 or null"),

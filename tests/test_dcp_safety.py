@@ -168,11 +168,11 @@ def resume_fails(out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shards, plant", [
-    ("pytorch_model_fsdp_0", "metadata"), ("optimizer_0", "metadata"), ("optimizer_0", "distcp-value"),
-    ("pytorch_model_fsdp_0", "distcp-tensor"),
+@pytest.mark.parametrize("shards, plant, manifest", [
+    ("pytorch_model_fsdp_0", "metadata", "recomputed"), ("optimizer_0", "metadata", "recomputed"),
+    ("optimizer_0", "distcp-value", "recomputed"), ("pytorch_model_fsdp_0", "distcp-tensor", "recomputed"),
+    ("optimizer_0", "distcp-value", "deleted"),
 ])
-@pytest.mark.parametrize("manifest", ["recomputed", "deleted"])
 def test_resuming_a_sharded_fsdp_checkpoint_never_runs_a_planted_pickle(sharded_run, tmp_path, shards, plant, manifest):
     out = tmp_path / "run"
     shutil.copytree(sharded_run, out)
@@ -181,8 +181,9 @@ def test_resuming_a_sharded_fsdp_checkpoint_never_runs_a_planted_pickle(sharded_
     name = PLANTS[plant](ckpt / shards, marker)
     if manifest == "recomputed":  # an attacker who rewrites the manifest too: the hashes match
         checkpoint.write_manifest(ckpt)
-    else:
+    else:  # or who makes it look like a checkpoint without one (a cadence checkpoint without its manifest is damaged)
         os.remove(ckpt / checkpoint.MANIFEST_NAME)
+        os.remove(ckpt / checkpoint.LOOP_STATE_NAME)
     stderr = resume_fails(out)
     assert f"UnsafeCheckpointError: refusing to load checkpoint-4/{shards}/{name}" in stderr, stderr[-3000:]
     assert not os.path.exists(marker)

@@ -56,6 +56,7 @@ import dataclasses
 import errno
 import functools
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -98,13 +99,19 @@ MODEL_SHARDS_NAME = "pytorch_model_fsdp_0"  # FSDP's sharded state (torch.distri
 OPTIMIZER_SHARDS_NAME = "optimizer_0"
 
 
+# Weights larger than this are split into model-0000k-of-0000n.safetensors + model.safetensors.index.json, as
+# transformers' save_pretrained does with its default max_shard_size (an int in bytes, or "5GB", "500MiB", ...).
+MAX_SHARD_SIZE: int | str = "50GB"
+
+
 def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, processing_class: Any = None,
                        state_dict: dict | None = None) -> None:
     """``model.save_pretrained`` (config.json etc.) when the model has it, else its state dict in safetensors.
 
     Shared (tied) tensors are stored once; ``processing_class.save_pretrained`` is called when present.
     ``state_dict`` (from ``Backend.model_state_dict``) replaces the model's own; ``{}`` means the weights
-    are already in the folder as shards, so only the model's config is written.
+    are already in the folder as shards, so only the model's config is written. Weights larger than
+    :data:`MAX_SHARD_SIZE` are sharded as ``save_pretrained`` shards them.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -112,24 +119,76 @@ def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, proces
         if hasattr(getattr(model, "config", None), "save_pretrained"):
             model.config.save_pretrained(folder)
     elif hasattr(model, "save_pretrained"):
-        model.save_pretrained(folder, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
-    elif state_dict is not None:
-        from safetensors.torch import save_file
-
-        save_file(_untied(state_dict), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        extra = {} if state_dict is None else {"state_dict": state_dict}
+        if _takes_keyword(model.save_pretrained, "max_shard_size"):  # transformers' models; a user's may not
+            extra["max_shard_size"] = MAX_SHARD_SIZE
+        model.save_pretrained(folder, safe_serialization=True, **extra)
     else:
-        from safetensors.torch import save_model
-
-        save_model(model, str(folder / WEIGHTS_NAME))
+        save_safetensors_sharded(model.state_dict() if state_dict is None else state_dict, folder)
     if processing_class is not None and hasattr(processing_class, "save_pretrained"):
         processing_class.save_pretrained(folder)
+
+
+def _takes_keyword(function: Callable, name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def shard_size_bytes(size: int | str) -> int:
+    """``MAX_SHARD_SIZE`` in bytes: an int, or digits and a unit as transformers reads them (KB = 1000 bytes,
+    KiB = 1024)."""
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"(\d+)\s*([KMGT]i?B)", str(size).strip(), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"max shard size {size!r} is not an int or digits with a unit such as '5GB' or '500MiB'")
+    unit = match.group(2).upper()
+    power = "KMGT".index(unit[0]) + 1
+    return int(match.group(1)) * (1024 ** power if "I" in unit else 1000 ** power)
+
+
+def save_safetensors_sharded(state_dict: dict, folder: Path) -> list[str]:
+    """``model.safetensors``, or shards of at most :data:`MAX_SHARD_SIZE` bytes (a larger tensor alone in one)
+    with ``model.safetensors.index.json`` (``{"metadata": {"total_parameters", "total_size"}, "weight_map"}``),
+    as ``save_pretrained`` writes them; weights files of another layout left in ``folder`` are removed.
+    Returns the weights files written."""
+    from safetensors.torch import save_file
+
+    tensors = _untied(state_dict)
+    limit = shard_size_bytes(MAX_SHARD_SIZE)
+    shards: list[dict] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:  # this tensor would overflow the shard: start the next
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    n = len(shards)
+    names = [WEIGHTS_NAME] if n == 1 else [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    for stale in folder.iterdir():  # a save_model into a folder holding another layout: only the new one stays
+        if WEIGHTS_FILE_RE.fullmatch(stale.name) and stale.name not in names and stale.is_file():
+            stale.unlink()
+    for name, shard in zip(names, shards):
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+    if n > 1:
+        index = {"metadata": {"total_parameters": sum(t.numel() for t in tensors.values()),
+                              "total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": {key: name for name, shard in zip(names, shards) for key in shard}}
+        save_json(index, folder / SAFE_WEIGHTS_INDEX_NAME)
+        names.append(SAFE_WEIGHTS_INDEX_NAME)
+    return names
 
 
 def _untied(state_dict: dict) -> dict:
     """Contiguous tensors, each storage once (safetensors refuses shared ones; loading re-ties them)."""
     seen, out = set(), {}
     for name, tensor in state_dict.items():
-        if tensor.data_ptr() not in seen:
+        if tensor.data_ptr() not in seen or not tensor.numel():  # empty tensors share address 0, not storage
             seen.add(tensor.data_ptr())
             out[name] = tensor.contiguous()
     return out
@@ -328,6 +387,7 @@ def _check_listed(folder: Path, listed: dict) -> None:
             logger.warning("checkpoint %s: its weights are no longer the files it was written with (%s); the %s found "
                            "instead were checked by parsing them and are loaded", folder, ", ".join(missing[:3]),
                            ", ".join(p.name for p in found[:3]) + (" ..." if len(found) > 3 else ""))
+            listed = {name: entry for name, entry in listed.items() if name not in missing}
             missing = []
     if missing:
         raise _corrupt(folder, missing[0], "is missing")
@@ -838,7 +898,7 @@ def read_model_weights(folder: str | os.PathLike, device: torch.device) -> dict[
 _NUMBER, _INT, _NONE = (int, float), (int,), (type(None),)
 # trainer_state.json's fields and the JSON types they may hold (what cadence and transformers write)
 _STATE_TYPES = {
-    "epoch": _NUMBER, "global_step": _INT, "max_steps": _INT, "logging_steps": _NUMBER, "eval_steps": _NUMBER,
+    "epoch": _NUMBER + _NONE, "global_step": _INT, "max_steps": _INT, "logging_steps": _NUMBER, "eval_steps": _NUMBER,
     "save_steps": _NUMBER, "train_batch_size": _INT + _NONE, "num_train_epochs": _NUMBER, "num_input_tokens_seen": _INT,
     "total_flos": _NUMBER, "log_history": (list,) + _NONE, "best_metric": _NUMBER + _NONE, "best_global_step": _INT + _NONE,
     "best_model_checkpoint": (str,) + _NONE, "is_local_process_zero": (bool,), "is_world_process_zero": (bool,),
