@@ -15,12 +15,16 @@ best one, and never deletes the one just written.
 Reading never runs code: weights come through safetensors, every other file through JSON or
 ``torch.load(weights_only=True)`` (for ``rng_state.pth`` with numpy's array type allowed, as
 transformers writes numpy's RNG state as an array; cadence writes it as plain lists). A file that
-``weights_only`` refuses raises :class:`UnsafeCheckpointError` and nothing in it is executed.
+``weights_only`` refuses raises :class:`UnsafeCheckpointError` and nothing in it is executed. FSDP's
+sharded folders (torch.distributed.checkpoint) are read the same way: ``.metadata`` through an
+unpickler that knows only DCP's records, every ``.distcp`` value with ``weights_only``.
 
 Files (the names transformers uses, so either library resumes the other's checkpoints)::
 
     model.safetensors      weights (or the model's own save_pretrained files: a PEFT model's adapter only,
-                           adapter_model.safetensors + adapter_config.json)
+                           adapter_model.safetensors + adapter_config.json); above MAX_SHARD_SIZE
+                           model-0000k-of-0000n.safetensors + model.safetensors.index.json. Read also:
+                           pytorch_model.bin and its sharded index (transformers 4.x), with weights_only
     optimizer.pt           optimizer.state_dict()
     scheduler.pt           lr_scheduler.state_dict()
     rng_state.pth          python/numpy/torch(/GPU) RNG states; rng_state_{rank}.pth per process
