@@ -156,7 +156,8 @@ def test_a_plain_module_is_sharded_too(tmp_path, monkeypatch):
     assert_same_run(unbroken, train(str(out), resume=True, num_train_epochs=1))
 
 
-@pytest.mark.parametrize("size, expected", [(123, 123), ("20KB", 20_000), ("5GB", 5 * 10**9), ("500MiB", 500 * 2**20)])
+@pytest.mark.parametrize("size, expected", [(123, 123), ("20KB", 20_000), ("5GB", 5 * 10**9), ("500MiB", 500 * 2**20),
+                                            ("8Mb", 10**6), ("2GiB", 2 * 2**30)])
 def test_shard_sizes_read_as_transformers_reads_them(size, expected):
     assert checkpoint.shard_size_bytes(size) == expected == transformers.utils.hub.convert_file_size_to_int(size)
 

@@ -149,9 +149,11 @@ def shard_size_bytes(size: int | str) -> int:
     match = re.fullmatch(r"(\d+)\s*([KMGT]i?B)", str(size).strip(), re.IGNORECASE)
     if not match:
         raise ValueError(f"max shard size {size!r} is not an int or digits with a unit such as '5GB' or '500MiB'")
-    unit = match.group(2).upper()
-    power = "KMGT".index(unit[0]) + 1
-    return int(match.group(1)) * (1024 ** power if "I" in unit else 1000 ** power)
+    unit = match.group(2)
+    power = "KMGT".index(unit[0].upper()) + 1
+    if "i" in unit.lower():
+        return int(match.group(1)) * 1024 ** power
+    return int(match.group(1)) * 1000 ** power // (8 if unit.endswith("b") else 1)  # "Gb": bits, as transformers reads it
 
 
 def save_safetensors_sharded(state_dict: dict, folder: Path) -> list[str]:
