@@ -779,11 +779,12 @@ def _safe_dcp_classes() -> tuple[type, type]:
 
 def load_dcp(state: dict, folder: str | os.PathLike) -> None:
     """``torch.distributed.checkpoint.load(state, checkpoint_id=folder)`` (every process), reading every file
-    without running code (see :func:`check_dcp_folder`, which :func:`verify_checkpoint` calls first)."""
+    without running code: checked first (:func:`check_dcp_folder`), then read by torch's reader and planner with
+    their two unpickling reads replaced (``.metadata`` restricted, non-tensor values ``weights_only``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    read_dcp_metadata(folder)  # its errors here, named: inside dcp.load they would become an AssertionError
+    check_dcp_folder(folder)  # its errors here, naming the file: inside dcp.load they lose the name or the type
     reader, planner = _safe_dcp_classes()
     try:
         dcp.load(state, storage_reader=reader(folder), planner=planner(Path(folder)))
