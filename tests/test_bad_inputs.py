@@ -28,7 +28,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from cadence import Trainer, TrainerCallback
-from cadence.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.checkpoint import CorruptCheckpointError, UnsafeCheckpointError, write_manifest
 from cadence.output_guard import LOCK_NAME
 
 
@@ -136,8 +136,37 @@ def rewrite_json(name, text):
 
 def weights_only_checkpoint(folder):
     """What save_only_model=True writes (here without a manifest, as transformers writes it)."""
-    for name in ("optimizer.pt", "scheduler.pt", "checkpoint_manifest.json"):
+    for name in ("optimizer.pt", "scheduler.pt", "checkpoint_manifest.json", "loop_state.json"):
         os.remove(os.path.join(folder, name))
+
+
+def removed(*names):
+    def change(folder):
+        for name in names:
+            os.remove(os.path.join(folder, name))
+
+    return change
+
+
+def state_field(key, value):
+    """trainer_state.json with one field changed, the manifest written again to match (an edit by hand, or a bug)."""
+
+    def change(folder):
+        path = os.path.join(folder, "trainer_state.json")
+        with open(path) as f:
+            state = json.load(f)
+        state[key] = value
+        with open(path, "w") as f:
+            json.dump(state, f)
+        write_manifest(__import__("pathlib").Path(folder))
+
+    return change
+
+
+def evil_bin_weights(folder):
+    """A transformers-4.x-style checkpoint whose pytorch_model.bin is a crafted pickle."""
+    removed("model.safetensors", "checkpoint_manifest.json", "loop_state.json")(folder)
+    torch.save({"a": Evil()}, os.path.join(folder, "pytorch_model.bin"))
 
 
 class Evil:
@@ -434,6 +463,24 @@ ROWS = [
         CorruptCheckpointError, ("checkpoint-2", "rng_state.pth"), setup=with_checkpoint(truncate("rng_state.pth"))),
     Row("resume-crafted-pickle", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")), UnsafeCheckpointError,
         ("optimizer.pt", "builtins.print", "nothing in it was executed"), setup=with_checkpoint(evil("optimizer.pt"))),
+    Row("resume-manifest-a-list", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")), CorruptCheckpointError,
+        ("checkpoint-2", "checkpoint_manifest.json", "not a valid manifest"),
+        setup=with_checkpoint(rewrite_json("checkpoint_manifest.json", '[{"files": {}}]'))),
+    Row("resume-manifest-entry-wrong-type", lambda out: fit(out, resume=True), CorruptCheckpointError,
+        ("checkpoint-2", "checkpoint_manifest.json", "'model.safetensors'"),
+        setup=with_checkpoint(rewrite_json("checkpoint_manifest.json", '{"files": {"model.safetensors": [1, "x"]}}'))),
+    Row("resume-cadence-checkpoint-without-manifest", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")),
+        CorruptCheckpointError, ("checkpoint-2", "checkpoint_manifest.json is missing", "loop_state.json"),
+        setup=with_checkpoint(removed("checkpoint_manifest.json"))),
+    Row("resume-state-step-a-string", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")),
+        CorruptCheckpointError, ("checkpoint-2", "trainer_state.json", "global_step='2'"),
+        setup=with_checkpoint(state_field("global_step", "2"))),
+    Row("resume-state-history-not-a-list", lambda out: fit(out, resume=True), CorruptCheckpointError,
+        ("checkpoint-2", "trainer_state.json", "log_history={'loss': 1.0}", "a list of objects"),
+        setup=with_checkpoint(state_field("log_history", {"loss": 1.0}))),
+    Row("resume-crafted-pytorch-model-bin", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")),
+        UnsafeCheckpointError, ("pytorch_model.bin", "builtins.print", "nothing in it was executed"),
+        setup=with_checkpoint(evil_bin_weights)),
     Row("resume-weights-only-checkpoint", lambda out: fit(out, resume=True), ValueError,
         ("checkpoint-2", "optimizer.pt", "save_only_model"), setup=with_checkpoint(weights_only_checkpoint)),
     # --- values deeper inside options: hp_space, fsdp_config, lr_scheduler_kwargs, optim_args (issue 20, item 12)

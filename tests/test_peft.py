@@ -103,7 +103,8 @@ def test_resume_refuses_a_checkpoint_without_its_adapter(tmp_path):
     os.remove(os.path.join(folder, "adapter_model.safetensors"))
     with pytest.raises(ValueError, match="adapter_model.safetensors"):  # the manifest names the missing file
         run(out, resume=folder)
-    os.remove(os.path.join(folder, "checkpoint_manifest.json"))  # a checkpoint without checksums (transformers')
+    for name in ("checkpoint_manifest.json", "loop_state.json"):  # a checkpoint without checksums (transformers')
+        os.remove(os.path.join(folder, name))
     with pytest.raises(FileNotFoundError, match="no adapter_model.safetensors for adapter 'default'"):
         run(out, resume=folder)
 

@@ -799,11 +799,10 @@ class _FullyShard:
             if not isinstance(model, FSDPModule):  # shards load into a sharded model: after prepare_model
                 self.pending = folder
                 return
-            import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
             state = {"model": get_model_state_dict(model)}
-            dcp.load(state, checkpoint_id=folder / checkpoint.MODEL_SHARDS_NAME)
+            checkpoint.load_dcp(state, folder / checkpoint.MODEL_SHARDS_NAME)  # no file in it can run code
             set_model_state_dict(model, state["model"])
         elif not isinstance(model, FSDPModule):
             checkpoint.load_model_weights(model, folder)  # full weights, before sharding: sharding splits them
@@ -821,10 +820,8 @@ class _FullyShard:
         )
 
         if (folder / checkpoint.OPTIMIZER_SHARDS_NAME).is_dir():
-            import torch.distributed.checkpoint as dcp
-
             state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-            dcp.load(state, checkpoint_id=folder / checkpoint.OPTIMIZER_SHARDS_NAME)
+            checkpoint.load_dcp(state, folder / checkpoint.OPTIMIZER_SHARDS_NAME)  # no file in it can run code
             set_optimizer_state_dict(model, optimizer, state["optimizer"])
             return
         saved = checkpoint.safe_load(folder / checkpoint.OPTIMIZER_NAME)
