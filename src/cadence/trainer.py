@@ -58,6 +58,11 @@ from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
+# transformers' module-level names: the callbacks every Trainer starts with (then the trackers, JIT checkpoints,
+# the user's callbacks, and last a progress bar or, with disable_tqdm=True, a PrinterCallback)
+DEFAULT_CALLBACKS = [DefaultFlowCallback]
+DEFAULT_PROGRESS_CALLBACK = ProgressCallback
+
 
 class Trainer:
     """Train, evaluate and predict with a PyTorch model; the API of ``transformers.Trainer``.
@@ -139,11 +144,13 @@ class Trainer:
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
 
         report_to = integrations.get_reporting_integration_callbacks(args.report_to)  # missing package: ValueError here
-        default_callbacks = [DefaultFlowCallback, *report_to, *(callbacks or [])]
-        default_callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
-        if args.enable_jit_checkpoint:
-            default_callbacks.append(checkpoint.JITCheckpointCallback)
-        self.callback_handler = CallbackHandler(default_callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler)
+        self.callback_handler = CallbackHandler([*DEFAULT_CALLBACKS, *report_to, *(callbacks or [])], self.model,
+                                                processing_class, self.optimizer, self.lr_scheduler)
+        self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
+        if args.enable_jit_checkpoint:  # last (transformers: before the user's): a signal sent in any callback's
+            jit_callback = checkpoint.JITCheckpointCallback()  # on_step_end is served at this step's end
+            jit_callback.set_trainer(self)
+            self.add_callback(jit_callback)
         self.state = TrainerState(
             is_local_process_zero=args.local_process_index == 0, is_world_process_zero=args.process_index == 0
         )
@@ -551,6 +558,7 @@ class Trainer:
         resume = None
         if resume_from_checkpoint is not None:
             resume = checkpoint.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
+            self._load_callback_state()
         for handler_attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, handler_attr, getattr(self, handler_attr))
         self.callback_handler.train_dataloader = train_dataloader
@@ -1119,6 +1127,18 @@ class Trainer:
                 "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
                 "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
                 "stream": data.stateful_stream(self.callback_handler.train_dataloader)}
+
+    def _load_callback_state(self) -> None:
+        """With ``restore_callback_states_from_checkpoint``: rebuild the stateful callbacks and the
+        ``TrainerControl`` from ``self.state.stateful_callbacks`` (transformers' method); warn naming the
+        checkpoint's callbacks this run does not have."""
+        if not self.args.restore_callback_states_from_checkpoint:
+            return
+        self.control, missing = checkpoint.restore_callback_states(self.callback_handler, self.control,
+                                                                   self.state.stateful_callbacks)
+        if missing:  # formatted here: code that patches logger.warning reads the names in the message
+            logger.warning(f"the checkpoint holds the state of callbacks this run does not use, ignored: {', '.join(missing)}"
+                           " (pass them in callbacks=[...] to restore them)")
 
     def _load_best_model(self) -> None:
         """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
