@@ -580,7 +580,7 @@ class Trainer:
                 if not window:
                     break
                 loop.batches_in_epoch += len(window)
-                loop.items = self._window_items(window) if loop.count_items or loop.split > 1 else None
+                loop.items = self._window_items(window) if loop.count_items or loop.micro_batch_rows else None
                 loop.count(window, self.floating_point_ops)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._forward_backward(model, window, loop)  # ---- micro-batches
@@ -647,10 +647,10 @@ class Trainer:
         """Forward and backward of a step's micro-batches, gradients synced on the last only.
 
         With ``auto_find_batch_size``, a step that runs out of memory is redone from zeroed gradients
-        in smaller micro-batches (``loop.split`` per loaded batch).
+        in smaller micro-batches (``loop.micro_batch_rows`` rows at most).
         """
         while True:
-            micro_batches = data.split_batches(window, loop.split)
+            micro_batches = data.split_batches(window, loop.micro_batch_rows)
             loop.micro_batches = self.current_gradient_accumulation_steps = len(micro_batches)
             try:
                 step_losses = []
@@ -666,22 +666,22 @@ class Trainer:
         loop.add(step_losses)
 
     def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, loop: LoopState) -> None:
-        """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free
-        memory, and cut each batch into twice as many micro-batches (``loop.split``), so the per-device batch
-        halves, the accumulation doubles and the global batch stays the same; ``loop.items`` counted if not yet.
-        Any other error, or one at a per-device batch of 1, is re-raised."""
-        batch = loop.layout.train_batch_size
-        size = -(-batch // loop.split)
+        """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free memory,
+        and cut each batch into micro-batches 10% smaller than before (transformers' and accelerate's rule:
+        64 -> 57 -> 51 ...), so the per-device batch shrinks, the accumulation grows and the global batch
+        stays the same; ``loop.items`` counted if not yet. Any other error, or one at a per-device batch
+        of 1, is re-raised."""
+        size = loop.micro_batch_rows or loop.layout.train_batch_size
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
         model.zero_grad(set_to_none=True)  # the failed attempt's partial gradients must not count
         self.backend.free_memory()
-        loop.split *= 2
-        self.state.train_batch_size = -(-batch // loop.split)
+        loop.micro_batch_rows = self.state.train_batch_size = int(size * 0.9)
+        per_batch = -(-loop.layout.train_batch_size // loop.micro_batch_rows)
         logger.warning(
-            "out of memory at per-device train batch size %d: redoing step %d with batch %d x %d accumulation "
-            "(global batch unchanged)", size, self.state.global_step + 1, self.state.train_batch_size,
-            loop.layout.gradient_accumulation_steps * loop.split,
+            "out of memory at per-device train batch size %d: redoing step %d with micro-batches of %d "
+            "(%d x %d accumulation, global batch unchanged)", size, self.state.global_step + 1, loop.micro_batch_rows,
+            per_batch, loop.layout.gradient_accumulation_steps,
         )
         if loop.items is None:  # micro-batches of a batch differ in items: weigh them by their counts from now on
             items = loss_utils.window_items(window, self._shifts_labels)
@@ -976,7 +976,7 @@ class Trainer:
     def _timed_evaluation_loop(self, make_dataloader: Callable[[], DataLoader], description: str,
                                prediction_loss_only: bool | None, ignore_keys: list[str] | None,
                                metric_key_prefix: str) -> EvalLoopOutput:
-        """``evaluation_loop`` over a fresh ``make_dataloader()``, retried with a halved eval batch after an
+        """``evaluation_loop`` over a fresh ``make_dataloader()``, retried with a 10% smaller eval batch after an
         out-of-memory error (``auto_find_batch_size``); its metrics gain the speed metrics of the whole call."""
         start = time.time()
         while True:
@@ -991,13 +991,14 @@ class Trainer:
         return output
 
     def _shrink_eval_batch(self, error: Exception) -> None:
-        """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): halve the eval batch."""
+        """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): the eval batch 10% smaller."""
         size = self.args.per_device_eval_batch_size
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
         self.backend.free_memory()
-        self.args.per_device_eval_batch_size = size // 2
-        logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
+        self.args.per_device_eval_batch_size = int(size * 0.9)  # as transformers shrinks the train batch
+        logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size,
+                       self.args.per_device_eval_batch_size)
 
     def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
