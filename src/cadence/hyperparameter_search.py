@@ -159,7 +159,7 @@ class _Start:
         # one process: a new backend from the trial's arguments (precision, compile; a fresh loss scaler). Under
         # torchrun the search's own is kept: its accelerator and process group are made once per process
         trainer.backend = Backend(args) if args.world_size == 1 else self.backend
-        trainer.label_smoother = loss.LabelSmoother(args.label_smoothing_factor) if args.label_smoothing_factor else None
+        trainer.label_smoother = loss.label_smoother_for(trainer.model, args.label_smoothing_factor)
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         trainer.control = TrainerControl()
         for cb, state in zip(self._stateful(trainer), self.callback_states):  # e.g. an early-stopping counter

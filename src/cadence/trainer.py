@@ -128,7 +128,7 @@ class Trainer:
         self._validate_setup()
 
         # what the model's loss does with labels, read once
-        self.label_smoother = loss_utils.LabelSmoother(args.label_smoothing_factor) if args.label_smoothing_factor else None
+        self.label_smoother = loss_utils.label_smoother_for(model, args.label_smoothing_factor)
         self.model_accepts_loss_kwargs = self._accepts_loss_kwargs(model)
         self._shifts_labels = data.loss_shifts_labels(model)
         self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
