@@ -142,6 +142,7 @@ class Trainer:
         self._loop: LoopState | None = None  # the latest train() call's loop state (log() reads its token count)
         self._claimed_output_dir: str | None = None  # the output_dir an earlier train() of this Trainer wrote
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
+        self._eval_dataloaders: dict = {}  # (dataset id, batch size) -> (dataset, loader), with persistent workers
 
         report_to = integrations.get_reporting_integration_callbacks(args.report_to)  # missing package: ValueError here
         self.callback_handler = CallbackHandler([*DEFAULT_CALLBACKS, *report_to, *(callbacks or [])], self.model,
@@ -194,6 +195,7 @@ class Trainer:
         checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
         checks.check_best_metric_available(args.metric_for_best_model, self.compute_metrics, self.eval_dataset)
         checks.check_best_save_has_evaluations(args.save_strategy, args.eval_strategy)
+        checks.check_best_metric_named(args)
         if args.neftune_noise_alpha:
             neftune.input_embeddings(self.model)
         if args.activation_checkpointing:
@@ -324,14 +326,24 @@ class Trainer:
         return self._dataloader(self.train_dataset, self.args.train_batch_size, "training", sampler)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        """The evaluation dataloader (in dataset order over processes). With ``dataloader_persistent_workers``
+        it is built once per dataset and batch size and reused, so its workers live on between evaluations
+        (transformers keeps ``_eval_dataloaders`` too)."""
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
         eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if eval_dataset is None:
             raise ValueError("evaluation needs an eval_dataset: pass it to Trainer or to evaluate()")
+        persistent = self.args.dataloader_persistent_workers
+        key = (id(eval_dataset), self.args.eval_batch_size)  # a smaller batch after out-of-memory: a new one
+        cached = self._eval_dataloaders.get(key) if persistent else None
+        if cached is not None and cached[0] is eval_dataset:  # the same object, not a new one at a reused id
+            return cached[1]
         data.check_dataset(eval_dataset, "eval_dataset")
-        return self._dataloader(eval_dataset, self.args.eval_batch_size, description="evaluation",
-                                evaluation=True)
+        loader = self._dataloader(eval_dataset, self.args.eval_batch_size, description="evaluation", evaluation=True)
+        if persistent:
+            self._eval_dataloaders[key] = (eval_dataset, loader)
+        return loader
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         data.check_dataset(test_dataset, "test_dataset")

@@ -1222,10 +1222,10 @@ def _derive_eval_steps(args: TrainingArguments) -> None:
 
 
 def _derive_best_model_metric(args: TrainingArguments) -> None:
-    # Anything that compares evaluations needs a metric: HF defaults it to the loss.
+    # What compares evaluations needs a metric: HF defaults it to the loss, except for save_strategy="best",
+    # where the Trainer asks for it (checks.check_best_metric_named)
     needs_metric = (
         args.load_best_model_at_end
-        or args.save_strategy == SaveStrategy.BEST
         or args.lr_scheduler_type in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY)
     )
     if needs_metric and args.metric_for_best_model is None:
