@@ -470,6 +470,32 @@ def free_memory(device: torch.device | None = None) -> None:
     empty_cache(device or default_device())
 
 
+# device type -> (allocated bytes, peak allocated bytes since the last reset or None, reset the peak)
+_MEMORY_STATS = {
+    "cuda": (lambda d: torch.cuda.memory_allocated(d), lambda d: torch.cuda.max_memory_allocated(d),
+             lambda d: torch.cuda.reset_peak_memory_stats(d)),
+    "xpu": (lambda d: torch.xpu.memory_allocated(d), lambda d: torch.xpu.max_memory_allocated(d),
+            lambda d: torch.xpu.reset_peak_memory_stats(d)),
+    "mps": (lambda d: torch.mps.current_allocated_memory(), lambda d: None, lambda d: None),  # mps keeps no peak
+}
+
+
+def device_memory(device: torch.device) -> tuple[int, int | None] | None:
+    """``(allocated, peak)`` bytes of the tensors on ``device`` (the peak since :func:`reset_device_peak_memory`,
+    None where the device keeps none); None on a CPU, whose memory the process's resident size tells."""
+    stats = _MEMORY_STATS.get(device.type)
+    if stats is None:
+        return None
+    return stats[0](device), stats[1](device)
+
+
+def reset_device_peak_memory(device: torch.device) -> None:
+    """Start ``device``'s peak-memory count afresh (for :func:`device_memory`); nothing on a CPU."""
+    stats = _MEMORY_STATS.get(device.type)
+    if stats is not None:
+        stats[2](device)
+
+
 def device_rng_state(all_devices: bool = False) -> dict[str, Any]:
     """The GPU entries of ``rng_state.pth``, under transformers' key: ``{"cuda": state}``, every visible GPU's
     states (a list) with ``all_devices`` (transformers' choice with several processes), else the current GPU's;

@@ -33,6 +33,7 @@ from . import checks, output_guard, peft_support
 from .backend import Backend
 from .integrations import registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
+from .memory_metrics import TrainerMemoryTracker
 from .trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
@@ -116,6 +117,9 @@ class Trainer:
             model = call_model_init(model_init, None)  # model_init(None) when it takes a trial, as transformers
         self.model_init = model_init
         self.backend = Backend(args)
+        # skip_memory_metrics=False: the memory of __init__, train(), evaluate(), predict() (transformers' keys)
+        self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics, self.backend.device)
+        self._memory_tracker.start("init")
         self.model = model.to(self.backend.device)
         self.model_wrapped = self.model
         self.processing_class = processing_class
@@ -160,6 +164,7 @@ class Trainer:
         if args.push_to_hub:  # created now: a missing token or an unreachable Hub shows before any training
             self._start_hub_pushes()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        self._memory_tracker.stop_and_update_metrics("init")  # reported with the first stage after it
 
     # ------------------------------------------------------------------ construction
 
@@ -445,6 +450,7 @@ class Trainer:
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
         lock = self._claim_output_dir(resuming=resume_from_checkpoint not in (None, False))
+        self._memory_tracker.start("train")
         failed = True
         try:
             output = self._train_holding_lock(resume_from_checkpoint, trial, ignore_keys_for_eval)
@@ -452,6 +458,7 @@ class Trainer:
             return output
         finally:
             lock.release(remove_created_dir=failed)  # a failed run leaves no empty output_dir behind
+            self._memory_tracker.stop("train")  # after a failure: later evaluations are measured again
 
     def _claim_output_dir(self, resuming: bool) -> output_guard.OutputDirLock:
         """Lock ``output_dir`` for this run (main process) and, for a new run, refuse (or with
@@ -799,6 +806,7 @@ class Trainer:
             metrics["train_skipped_optimizer_steps"] = skipped
         if bad:
             metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
+        self._memory_tracker.stop_and_update_metrics("train", metrics)
         jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, checkpoint.JITCheckpointCallback)), None)
         self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
         if self.state.interrupted:
@@ -966,11 +974,16 @@ class Trainer:
             for name, ds in eval_dataset.items():
                 metrics.update(self.evaluate(ds, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
-        output = self._timed_evaluation_loop(lambda: self.get_eval_dataloader(eval_dataset), "Evaluation",
-                                             True if self.compute_metrics is None else None, ignore_keys, metric_key_prefix)
-        self.log(output.metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+        self._memory_tracker.start("eval")
+        try:  # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
+            output = self._timed_evaluation_loop(lambda: self.get_eval_dataloader(eval_dataset), "Evaluation",
+                                                 True if self.compute_metrics is None else None, ignore_keys,
+                                                 metric_key_prefix)
+            self.log(output.metrics)
+            self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+            self._memory_tracker.stop_and_update_metrics("eval", output.metrics)  # returned, not logged (transformers)
+        finally:
+            self._memory_tracker.stop("eval")
         return output.metrics
 
     def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test") -> PredictionOutput:
@@ -980,9 +993,14 @@ class Trainer:
             >>> out = trainer.predict(test_ds)
             >>> out.predictions.shape
         """
-        output = self._timed_evaluation_loop(lambda: self.get_test_dataloader(test_dataset), "Prediction", None,
-                                             ignore_keys, metric_key_prefix)
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
+        self._memory_tracker.start("test")
+        try:
+            output = self._timed_evaluation_loop(lambda: self.get_test_dataloader(test_dataset), "Prediction", None,
+                                                 ignore_keys, metric_key_prefix)
+            self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
+            self._memory_tracker.stop_and_update_metrics("test", output.metrics)
+        finally:
+            self._memory_tracker.stop("test")
         return PredictionOutput(output.predictions, output.label_ids, output.metrics)
 
     def _timed_evaluation_loop(self, make_dataloader: Callable[[], DataLoader], description: str,
