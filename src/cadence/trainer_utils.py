@@ -495,11 +495,15 @@ def find_executable_batch_size(
 
 
 def __getattr__(name: str) -> Any:
-    # the collator lives in data.py; read on first use so this module stays free of cadence imports
+    # these live in data.py and memory_metrics.py; read on first use so this module stays free of cadence imports
     if name == "RemoveColumnsCollator":
         from .data import RemoveColumnsCollator
 
         return RemoveColumnsCollator
+    if name == "TrainerMemoryTracker":  # memory_metrics.py (skip_memory_metrics=False)
+        from .memory_metrics import TrainerMemoryTracker
+
+        return TrainerMemoryTracker
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
