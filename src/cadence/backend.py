@@ -278,6 +278,14 @@ class Backend:
 
         return broadcast_object_list([obj], from_process=src)[0]
 
+    def gather_object(self, obj: Any) -> list:
+        """Every process's ``obj`` (picklable), in process order (a collective: every process must call it)."""
+        if self.accelerator is None:
+            return [obj]
+        gathered: list = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
+
     def barrier(self) -> None:
         if self.accelerator is not None:
             self.accelerator.wait_for_everyone()

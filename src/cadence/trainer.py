@@ -1050,7 +1050,7 @@ class Trainer:
         per_batch = args.batch_eval_metrics  # compute_metrics per batch; evaluation then keeps nothing
         keep = not per_batch or description == "Prediction"  # predict() returns the predictions regardless
         is_padding = evaluation.padding_marker(dataloader)
-        gather = evaluation.Gatherer(self.backend)
+        gather = evaluation.Gatherer(self.backend, args.eval_use_gather_object)
         dataset_rows = len(dataloader.dataset) if isinstance(dataloader.batch_sampler, data.EvalBatchSampler) else None
         collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches, dataset_rows)
         loss_mean = evaluation.ItemMean(self.backend.device)

@@ -377,7 +377,11 @@ class TrainingArguments:
         metadata=_help("Concatenate predictions across batches (False: a list with one entry per batch)."),
     )
     eval_use_gather_object: bool = field(
-        default=False, metadata=_help("Gather non-tensor outputs from all processes." + _NOT_BUILT)
+        default=False,
+        metadata=_help(
+            "Gather every output from all processes as Python objects (pickled), tensors too; non-tensor outputs "
+            "(a list of strings per batch, ...) are gathered so whether or not this is set."
+        ),
     )
     eval_accumulation_steps: int | None = field(
         default=None,
@@ -1055,7 +1059,6 @@ _STEP_INTERVALS = (
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
 _NOT_YET_BUILT: dict[str, str] = {
     "use_liger_kernel": "Liger kernels",
-    "eval_use_gather_object": "gathering non-tensor outputs",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "accelerator_config": "accelerator_config",
     "parallelism_config": "tensor/context parallelism",
