@@ -581,6 +581,7 @@ def test_auto_find_batch_size_keeps_the_global_batch_and_the_weights(out_dir, ca
     assert "out of memory at per-device train batch size 8: redoing step 2 with micro-batches of 7 (2 x 2 accumulation" in caplog.text
     assert "out of memory at per-device train batch size 3: redoing step 2 with micro-batches of 2 (4 x 2 accumulation" in caplog.text
     assert trainer.state.train_batch_size == 2 and reference.state.train_batch_size == 8
+    assert trainer._train_batch_size == 8  # transformers' attribute: the batch loaded (then cut in micro-batches)
     assert trainer.state.global_step == reference.state.global_step == 8  # 8 batches of 8 an epoch -> 4 steps
     for name, value in reference.model.state_dict().items():
         assert torch.allclose(trainer.model.state_dict()[name], value, rtol=0, atol=1e-12), name

@@ -1382,6 +1382,13 @@ class Trainer:
         """Elements of the parameters that require a gradient."""
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
+    @property
+    def _train_batch_size(self) -> int:
+        """transformers' attribute (its ``get_train_dataloader``, which subclasses copy, reads it): the batch each
+        process loads. ``auto_find_batch_size`` cuts that batch into smaller micro-batches rather than loading
+        smaller ones, so it stays ``args.train_batch_size``; ``state.train_batch_size`` is the micro-batch."""
+        return self.args.train_batch_size
+
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         """Samples per optimizer step over all processes: per-device batch x accumulation x processes."""
         return BatchLayout.from_args(args).global_batch
