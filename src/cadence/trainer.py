@@ -156,6 +156,7 @@ class Trainer:
             jit_callback = checkpoint.JITCheckpointCallback()  # on_step_end is served at this step's end
             jit_callback.set_trainer(self)
             self.add_callback(jit_callback)
+        integrations.check_args(args, self.callback_handler.callbacks)  # an unwritable logging_dir: refused now
         self.state = TrainerState(
             is_local_process_zero=args.local_process_index == 0, is_world_process_zero=args.process_index == 0
         )
