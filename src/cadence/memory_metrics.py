@@ -12,7 +12,8 @@ memory in use when the Trainer was built, are added to the first stage reported 
 does. An evaluation inside ``train()`` is part of the train stage and reports nothing of its own.
 
 The CPU peak: on Linux the kernel's own high-water mark (``VmHWM``), reset when a stage starts, so the peak is
-exact and costs nothing while the stage runs; elsewhere a thread samples the RSS every millisecond (``psutil``,
+exact and costs nothing while the stage runs (the mark is the process's: a second Trainer measuring a stage
+inside another's, e.g. built in a callback, restarts it); elsewhere a thread samples the RSS every millisecond (``psutil``,
 which accelerate installs), which can miss a peak shorter than that (transformers samples without pause, using
 a core).
 """
