@@ -121,6 +121,18 @@ def test_trainer_control_state_restored_as_transformers(tmp_path, lib_name):
     assert trainer.control.should_training_stop
 
 
+@pytest.mark.parametrize("lib_name", ["cadence", "transformers"])
+def test_a_restored_stop_request_does_not_stop_the_resumed_run(tmp_path, lib_name):
+    """The last step's checkpoint holds should_training_stop=True; restored, it is reset when training begins
+    (as transformers' handler does), so a longer resumed run trains on."""
+    import importlib
+
+    lib = importlib.import_module(lib_name)
+    trainer_for(tmp_path, lib, max_steps=2, save_strategy="steps", save_steps=2).train()
+    resumed = trainer_for(tmp_path, lib, max_steps=4, save_strategy="no", restore_callback_states_from_checkpoint=True)
+    assert resumed.train(resume_from_checkpoint=os.path.join(tmp_path, "checkpoint-2")).global_step == 4
+
+
 # ------------------------------------------------------------------------------ cadence.trainer_jit_checkpoint
 
 
