@@ -591,6 +591,29 @@ def test_auto_find_batch_size_keeps_the_global_batch_and_the_weights(out_dir, ca
     assert max((start[k] - v).abs().max().item() for k, v in reference.model.state_dict().items()) > 1e-2  # it trained
 
 
+def test_a_resumed_run_keeps_the_shrunk_micro_batches(out_dir, tmp_path):
+    """As transformers restores its shrunk batch from trainer_state.json with auto_find_batch_size: the resumed
+    run starts with the micro-batches the saving run had reached, runs out of memory no more, and ends with the
+    unbroken run's weights."""
+    from tiny import TokenDataset, pad_collate, stop_at
+
+    def run(out, model, resume=None, callbacks=None):
+        args = make_args(out, per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=8,
+                         learning_rate=0.05, seed=9, auto_find_batch_size=True, save_strategy="steps", save_steps=4)
+        trainer = Trainer(model, args, train_dataset=TokenDataset(60), data_collator=pad_collate, callbacks=callbacks)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    unbroken = run(out_dir, OutOfMemoryTagger(train_limit=2, after_calls=3))
+    first = run(str(tmp_path / "r"), OutOfMemoryTagger(train_limit=2, after_calls=3), callbacks=[stop_at(4)])
+    assert first.state.train_batch_size == 2 and first.model.ooms == 6
+    model = OutOfMemoryTagger(train_limit=2)  # would run out of memory at once with batches above 2
+    resumed = run(str(tmp_path / "r"), model, resume=True)
+    assert model.ooms == 0 and resumed.state.train_batch_size == 2 and resumed.state.global_step == 8
+    for name, value in unbroken.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], value), name
+
+
 def test_out_of_memory_without_auto_find_batch_size_is_raised(out_dir):
     with pytest.raises(torch.OutOfMemoryError, match="injected"):
         oom_run(out_dir, OutOfMemoryTagger(train_limit=4))

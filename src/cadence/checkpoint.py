@@ -957,6 +957,10 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         loop.load_state_dict(resume.loop)
     else:  # a transformers checkpoint: the loss since its last log is unknown; average this run's steps (HF's rule)
         loop.last_logged_step = loop.first_step = state.global_step
+    if args.auto_find_batch_size and saved_batch_size and saved_batch_size < loop.layout.train_batch_size:
+        # the saving run had shrunk its micro-batches after running out of memory: go on with them (transformers
+        # restores its shrunk batch the same way), so the resume is exact and does not run out of memory again
+        loop.micro_batch_rows = state.train_batch_size = saved_batch_size
     if state.global_step >= state.max_steps:  # nothing left to train; close the epoch if the saving run had not yet
         if resume.skip_batches and loop.batches_per_epoch:
             resume.skip_batches = loop.batches_per_epoch
