@@ -59,8 +59,8 @@ from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
-# transformers' module-level names: the callbacks every Trainer starts with (then the trackers, JIT checkpoints,
-# the user's callbacks, and last a progress bar or, with disable_tqdm=True, a PrinterCallback)
+# transformers' module-level names: the callbacks every Trainer starts with (then the trackers, the user's
+# callbacks, a progress bar or, with disable_tqdm=True, a PrinterCallback, and with enable_jit_checkpoint the JIT one)
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
