@@ -320,7 +320,8 @@ def test_best_model_settings_pass_the_combination_checks():
     assert (args.metric_for_best_model, args.greater_is_better) == ("loss", False)
     args = TrainingArguments(load_best_model_at_end=True, eval_strategy="steps", save_strategy="best")
     assert args.metric_for_best_model == "loss"
-    assert TrainingArguments(save_strategy="best").metric_for_best_model == "loss"
+    # as transformers: save_strategy="best" alone sets no metric (the Trainer asks for one)
+    assert TrainingArguments(save_strategy="best").metric_for_best_model is None
     # both ratios: 0.3 is a multiple of 0.1 (checked without float error)
     TrainingArguments(load_best_model_at_end=True, eval_strategy="steps", eval_steps=0.1, save_steps=0.3)
     with pytest.raises(ValueError, match="save_steps=0.25"):
