@@ -336,7 +336,8 @@ def test_comet_mode_must_be_one_of_transformers_modes(tmp_path, monkeypatch):
 def test_clearml_offline_session_holds_hyperparameters_and_scalars(tmp_path):
     # ClearML patches the process (excepthook, atexit, stdout): the run happens in a child process
     script = f"""
-import sys, json
+import sys, json, faulthandler
+faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where
 sys.path[:0] = {[os.path.join(os.path.dirname(__file__)), os.path.join(os.path.dirname(__file__), '..', 'src')]!r}
 from test_trackers_more import make_trainer, tracker
 trainer = make_trainer({str(tmp_path / 'out')!r}, "clearml")
@@ -346,7 +347,7 @@ print(json.dumps({{"task": tracker(trainer, "ClearMLCallback").run_id, "log_hist
     env = {**os.environ, "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(tmp_path / "cache"),
            "HOME": str(tmp_path), "CLEARML_PROJECT": "cadence-tests", "CLEARML_TASK": "tiny"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=300)
+                         timeout=200)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     session = glob.glob(str(tmp_path / "**" / "offline" / result["task"]), recursive=True)
