@@ -396,7 +396,6 @@ def swanlab_local_available():
 def test_swanlab_local_store_holds_config_and_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv("SWANLAB_MODE", "local")
     monkeypatch.setenv("SWANLAB_LOG_DIR", str(tmp_path / "swanlog"))
-    monkeypatch.setenv("SWANLAB_PROJECT", "cadence-tests")
     trainer = make_trainer(tmp_path / "out", "swanlab", run_name="tiny-run")
     trainer.train()
     run_id = tracker(trainer, "SwanLabCallback").run_id
@@ -405,7 +404,7 @@ def test_swanlab_local_store_holds_config_and_metrics(tmp_path, monkeypatch):
     from swanboard.controller.utils import LOGS_CONFIGS, get_tag_files, read_tag_data
     from swanboard.db import Experiment, Tag, connect
 
-    connect(str(tmp_path / "swanlog" / "runs.swanlab"))
+    connect(str(tmp_path / "swanlog"))  # SwanBoard's database: swanlog/runs.swanlab
     experiment = Experiment.get(Experiment.name == "tiny-run")
     assert experiment.run_id.endswith(run_id)
     run_dir = tmp_path / "swanlog" / experiment.run_id

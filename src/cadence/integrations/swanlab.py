@@ -27,7 +27,7 @@ class SwanLabCallback(TrackerCallback):
 
     def start(self, args, state, model, resumed):
         swanlab = self._swanlab
-        self._owns_run = swanlab.get_run() is None
+        self._owns_run = self._active_run() is None
         if self._owns_run:
             names = [n for n in (args.run_name, state.trial_name) if n is not None]
             options = {"project": os.getenv("SWANLAB_PROJECT"), "name": "-".join(names) or None}
@@ -37,9 +37,16 @@ class SwanLabCallback(TrackerCallback):
             elif os.getenv("SWANLAB_RESUME"):
                 options["resume"] = os.environ["SWANLAB_RESUME"]
             swanlab.init(**options)
-        self.run_id = swanlab.get_run().id
+        self.run_id = self._active_run().id
         if not resumed:
             swanlab.config.update(run_config(args, model))
+
+    def _active_run(self):
+        """The open SwanLab run, or None (``get_run()`` returns None in older SwanLab, raises in 0.10)."""
+        try:
+            return self._swanlab.get_run()
+        except RuntimeError:
+            return None
 
     def write(self, logs, step):
         summary = {f"single_value/{k}": logs[k] for k in SUMMARY_KEYS.intersection(logs)}
@@ -47,6 +54,6 @@ class SwanLabCallback(TrackerCallback):
         self._swanlab.log({**summary, **curves, "train/global_step": step}, step=step)
 
     def finish(self, failed):
-        if self._owns_run and self._swanlab.get_run() is not None:
+        if self._owns_run and self._active_run() is not None:
             self._swanlab.finish(state="crashed" if failed else "success")
         self._owns_run = False
