@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 import zipfile
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -332,22 +333,31 @@ def test_comet_mode_must_be_one_of_transformers_modes(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------- ClearML
 
 
+@pytest.mark.slow  # ~40 s: ClearML's start and close (its flushes) in a child process
 @needs("clearml")
 def test_clearml_offline_session_holds_hyperparameters_and_scalars(tmp_path):
-    # ClearML patches the process (excepthook, atexit, stdout): the run happens in a child process
-    script = f"""
+    # ClearML patches the process (excepthook, atexit, stdout): the run happens in a child process, whose script
+    # lies outside any git repository (ClearML's repository scan of this checkout can take minutes on a busy
+    # machine) and whose ClearML reports from a thread, not a forked reporter process that could outlive it
+    (tmp_path / "clearml.conf").write_text("sdk { development { report_use_subprocess: false } }\n")
+    script = tmp_path / "run_clearml.py"
+    script.write_text(f"""
 import sys, json, faulthandler
 faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where
-sys.path[:0] = {[os.path.join(os.path.dirname(__file__)), os.path.join(os.path.dirname(__file__), '..', 'src')]!r}
+sys.path[:0] = {[os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), '..', 'src')]!r}
 from test_trackers_more import make_trainer, tracker
 trainer = make_trainer({str(tmp_path / 'out')!r}, "clearml")
 trainer.train()
 print(json.dumps({{"task": tracker(trainer, "ClearMLCallback").run_id, "log_history": trainer.state.log_history}}))
-"""
+""")
     env = {**os.environ, "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(tmp_path / "cache"),
-           "HOME": str(tmp_path), "CLEARML_PROJECT": "cadence-tests", "CLEARML_TASK": "tiny"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=200)
+           "HOME": str(tmp_path), "CLEARML_CONFIG_FILE": str(tmp_path / "clearml.conf"),
+           "CLEARML_PROJECT": "cadence-tests", "CLEARML_TASK": "tiny"}
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:  # files, not pipes
+        code = subprocess.run([sys.executable, str(script)], stdout=stdout, stderr=stderr, env=env, cwd=tmp_path,
+                              timeout=200).returncode
+    out = types.SimpleNamespace(returncode=code, stdout=(tmp_path / "stdout").read_text(),
+                                stderr=(tmp_path / "stderr").read_text())
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     session = glob.glob(str(tmp_path / "**" / "offline" / result["task"]), recursive=True)
