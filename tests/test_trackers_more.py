@@ -429,3 +429,24 @@ def test_swanlab_local_store_holds_config_and_metrics(tmp_path, monkeypatch):
     assert curve("single_value/train_loss") == history(trainer, "train_loss")
     config = yaml.safe_load((run_dir / "files" / "config.yaml").read_text())
     assert config["learning_rate"]["value"] == 0.05
+
+
+@needs("comet_ml")
+def test_comet_resumed_training_continues_the_experiment_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMET_START_ONLINE", "false")
+    monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet"))
+    monkeypatch.setenv("COMET_AUTO_LOG_CO2", "false")
+    monkeypatch.delenv("COMET_MODE", raising=False)
+    first = make_trainer(tmp_path / "out", "comet_ml", callbacks=[stop_at(6)])
+    first.train()
+    resumed = make_trainer(tmp_path / "out", "comet_ml")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / f"checkpoint-{SAVE}"))
+    key = tracker(first, "CometCallback").run_id
+    assert tracker(resumed, "CometCallback").run_id == key
+    archives = sorted(glob.glob(str(tmp_path / "comet" / "*.zip")), key=os.path.getmtime)
+    assert len(archives) == 2  # one per training; Comet merges them into one experiment on upload
+    (_, first_metrics, first_params), (second, second_metrics, second_params) = map(read_comet_archive, archives)
+    assert second["offline_id"] == key and second["resume_strategy"] == "get"
+    assert first_metrics["train/loss"] == history(first, "loss")
+    assert second_metrics["train/loss"] == {s: v for s, v in history(resumed, "loss").items() if s > SAVE}
+    assert "args|learning_rate" in first_params and "args|learning_rate" not in second_params  # logged once
