@@ -12,11 +12,27 @@ checkpoint (offline: a second archive that Comet merges into the first on upload
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 
 from .base import TrackerCallback, rewrite_logs
 
 _MODES = ("get", "get_or_create", "create")
+
+
+@contextlib.contextmanager
+def _fresh_random():
+    """Comet draws from Python's ``random`` (on import; an offline archive's name, ``<key>-<6 letters>``, when an
+    experiment starts). From the stream set_seed seeded, those draws would move the training's own, and name a
+    resumed run's archive as the archive of the run it resumes, which it would then replace. Inside this block
+    ``random`` runs on fresh entropy; the training's state is put back after it."""
+    state = random.getstate()
+    random.seed()
+    try:
+        yield
+    finally:
+        random.setstate(state)
 
 
 class CometCallback(TrackerCallback):
@@ -27,7 +43,8 @@ class CometCallback(TrackerCallback):
         mode = os.getenv("COMET_MODE", "").lower()
         if mode and mode not in _MODES:
             raise ValueError(f"COMET_MODE={mode!r} is invalid: use one of {', '.join(_MODES)}")
-        import comet_ml
+        with _fresh_random():  # importing comet_ml draws from `random`
+            import comet_ml
 
         self._comet = comet_ml
         self._experiment = None
@@ -41,8 +58,9 @@ class CometCallback(TrackerCallback):
             mode = "create"  # one experiment per trial
         elif resumed:
             mode, options["experiment_key"] = "get", self.run_id
-        self._experiment = comet_ml.start(mode=mode, experiment_config=comet_ml.ExperimentConfig(name=args.run_name),
-                                          **options)
+        with _fresh_random():  # the archive's name: see _fresh_random
+            self._experiment = comet_ml.start(mode=mode, experiment_config=comet_ml.ExperimentConfig(name=args.run_name),
+                                              **options)
         self.run_id = self._experiment.get_key()
         if os.getenv("COMET_LOG_ASSETS", "FALSE").upper() in ("TRUE", "1"):
             self._assets_dir = args.output_dir
