@@ -53,6 +53,22 @@ def needs(package):
     return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=f"{package} is not installed")
 
 
+class Draws(TrainerCallback):
+    """Draws from Python's `random` as each step begins (what a training's own shuffling would get)."""
+
+    def __init__(self):
+        self.values = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.values.append(random.random())
+
+
+def draws_without_trackers(out_dir, **kw):
+    trainer = make_trainer(out_dir, "none", callbacks=[Draws()], **kw)
+    trainer.train()
+    return tracker(trainer, "Draws").values
+
+
 # ----------------------------------------------------------------------------------------- registry
 
 
@@ -224,8 +240,9 @@ def test_dvclive_files_hold_every_log(tmp_path, monkeypatch):
     import yaml
 
     monkeypatch.chdir(tmp_path)  # DVCLive writes ./dvclive, as with transformers
-    trainer = make_trainer(tmp_path / "out", "dvclive")
+    trainer = make_trainer(tmp_path / "out", "dvclive", callbacks=[Draws()])
     trainer.train()
+    assert tracker(trainer, "Draws").values == draws_without_trackers(tmp_path / "plain")
     folder = tmp_path / "dvclive"
     assert read_dvclive_metric(folder, "loss") == sorted(history(trainer, "loss").items())
     assert read_dvclive_metric(folder, "eval/loss") == sorted(history(trainer, "eval_loss").items())
@@ -310,29 +327,17 @@ def read_comet_archive(path):
     return experiment, metrics, params
 
 
-class RandomAtStep1(TrainerCallback):
-    """Draws from Python's `random` when the first step begins (what a training's own draw would get)."""
-
-    value = None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if self.value is None:
-            self.value = random.random()
-
-
 @needs("comet_ml")
 def test_comet_offline_archive_holds_params_and_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv("COMET_START_ONLINE", "false")
     monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet"))
     monkeypatch.setenv("COMET_AUTO_LOG_CO2", "false")  # Comet would start CodeCarbon itself
     monkeypatch.delenv("COMET_MODE", raising=False)
-    trainer = make_trainer(tmp_path / "out", "comet_ml", run_name="tiny-run", callbacks=[RandomAtStep1()])
+    trainer = make_trainer(tmp_path / "out", "comet_ml", run_name="tiny-run", callbacks=[Draws()])
     trainer.train()
     key = tracker(trainer, "CometCallback").run_id
-    plain = make_trainer(tmp_path / "plain", "none", callbacks=[RandomAtStep1()])
-    plain.train()
-    # Comet draws from `random` when it starts (its archive's name): the training's stream is as without it
-    assert tracker(trainer, "RandomAtStep1").value == tracker(plain, "RandomAtStep1").value
+    # Comet draws from `random` on import and start (its archive's name): the training's stream is as without it
+    assert tracker(trainer, "Draws").values == draws_without_trackers(tmp_path / "plain")
     archives = glob.glob(str(tmp_path / "comet" / "*.zip"))
     assert len(archives) == 1 and os.path.basename(archives[0]).startswith(key)  # written when training ended
     experiment, metrics, params = read_comet_archive(archives[0])
@@ -366,10 +371,12 @@ def test_clearml_offline_session_holds_hyperparameters_and_scalars(tmp_path):
 import sys, json, faulthandler
 faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where
 sys.path[:0] = {[os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), '..', 'src')]!r}
-from test_trackers_more import make_trainer, tracker
-trainer = make_trainer({str(tmp_path / 'out')!r}, "clearml")
+from test_trackers_more import Draws, draws_without_trackers, make_trainer, tracker
+trainer = make_trainer({str(tmp_path / 'out')!r}, "clearml", callbacks=[Draws()])
 trainer.train()
-print(json.dumps({{"task": tracker(trainer, "ClearMLCallback").run_id, "log_history": trainer.state.log_history}}))
+same_draws = tracker(trainer, "Draws").values == draws_without_trackers({str(tmp_path / 'plain')!r})
+print(json.dumps({{"task": tracker(trainer, "ClearMLCallback").run_id, "log_history": trainer.state.log_history,
+                  "same_draws": same_draws}}))
 """)
     env = {**os.environ, "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(tmp_path / "cache"),
            "HOME": str(tmp_path), "CLEARML_CONFIG_FILE": str(tmp_path / "clearml.conf"),
@@ -390,6 +397,7 @@ print(json.dumps({{"task": tracker(trainer, "ClearMLCallback").run_id, "log_hist
         if e["type"] == "training_stats_scalar":
             scalars.setdefault((e["metric"], e["variant"]), {})[e["iter"]] = e["value"]
     log_history = result["log_history"]
+    assert result["same_draws"]  # ClearML draws from `random` (on import, Task.init): not from the training's stream
     assert scalars[("train", "loss")] == {h["step"]: h["loss"] for h in log_history if "loss" in h}
     assert scalars[("eval", "loss")] == {h["step"]: h["eval_loss"] for h in log_history if "eval_loss" in h}
     assert list(scalars[("Summary", "train_loss")].values()) == [log_history[-1]["train_loss"]]  # a single value
@@ -427,8 +435,10 @@ def swanlab_local_available():
 def test_swanlab_local_store_holds_config_and_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv("SWANLAB_MODE", "local")
     monkeypatch.setenv("SWANLAB_LOG_DIR", str(tmp_path / "swanlog"))
-    trainer = make_trainer(tmp_path / "out", "swanlab", run_name="tiny-run")
+    trainer = make_trainer(tmp_path / "out", "swanlab", run_name="tiny-run", callbacks=[Draws()])
     trainer.train()
+    # SwanLab draws from `random` (on import, its run id): the training's stream is as without it
+    assert tracker(trainer, "Draws").values == draws_without_trackers(tmp_path / "plain")
     run_id = tracker(trainer, "SwanLabCallback").run_id
 
     import yaml

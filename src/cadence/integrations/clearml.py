@@ -16,6 +16,7 @@ import logging
 import os
 
 from .base import SUMMARY_KEYS, TrackerCallback, flatten
+from .fresh_random import fresh_random
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +28,18 @@ class ClearMLCallback(TrackerCallback):
 
     def __init__(self):
         super().__init__()
-        import clearml
+        with fresh_random():  # importing clearml draws from `random`
+            import clearml
 
         self._clearml = clearml
         self._task = None
         self._owns_task = False
 
     def start(self, args, state, model, resumed):
+        with fresh_random():  # its ids, names and colours are drawn from `random`
+            self._start(args, state, model, resumed)
+
+    def _start(self, args, state, model, resumed):
         Task = self._clearml.Task
         self._task = Task.current_task()
         self._owns_task = self._task is None
@@ -66,6 +72,10 @@ class ClearMLCallback(TrackerCallback):
             report.report_scalar(title=title, series=series, value=value, iteration=step)
 
     def finish(self, failed):
+        with fresh_random():
+            self._finish(failed)
+
+    def _finish(self, failed):
         if self._owns_task and self._task is not None:
             if failed:
                 self._task.mark_failed(status_reason="training raised", force=True)

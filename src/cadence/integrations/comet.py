@@ -12,27 +12,12 @@ checkpoint (offline: a second archive that Comet merges into the first on upload
 
 from __future__ import annotations
 
-import contextlib
 import os
-import random
 
 from .base import TrackerCallback, rewrite_logs
+from .fresh_random import fresh_random
 
 _MODES = ("get", "get_or_create", "create")
-
-
-@contextlib.contextmanager
-def _fresh_random():
-    """Comet draws from Python's ``random`` (on import; an offline archive's name, ``<key>-<6 letters>``, when an
-    experiment starts). From the stream set_seed seeded, those draws would move the training's own, and name a
-    resumed run's archive as the archive of the run it resumes, which it would then replace. Inside this block
-    ``random`` runs on fresh entropy; the training's state is put back after it."""
-    state = random.getstate()
-    random.seed()
-    try:
-        yield
-    finally:
-        random.setstate(state)
 
 
 class CometCallback(TrackerCallback):
@@ -43,7 +28,7 @@ class CometCallback(TrackerCallback):
         mode = os.getenv("COMET_MODE", "").lower()
         if mode and mode not in _MODES:
             raise ValueError(f"COMET_MODE={mode!r} is invalid: use one of {', '.join(_MODES)}")
-        with _fresh_random():  # importing comet_ml draws from `random`
+        with fresh_random():  # importing comet_ml draws from `random`
             import comet_ml
 
         self._comet = comet_ml
@@ -58,7 +43,7 @@ class CometCallback(TrackerCallback):
             mode = "create"  # one experiment per trial
         elif resumed:
             mode, options["experiment_key"] = "get", self.run_id
-        with _fresh_random():  # the archive's name: see _fresh_random
+        with fresh_random():  # the offline archive's name (<key>-<6 letters>): unique per run
             self._experiment = comet_ml.start(mode=mode, experiment_config=comet_ml.ExperimentConfig(name=args.run_name),
                                               **options)
         self.run_id = self._experiment.get_key()

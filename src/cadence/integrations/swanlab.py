@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from .base import SUMMARY_KEYS, TrackerCallback, rewrite_logs, run_config
+from .fresh_random import fresh_random
 
 
 class SwanLabCallback(TrackerCallback):
@@ -20,12 +21,17 @@ class SwanLabCallback(TrackerCallback):
 
     def __init__(self):
         super().__init__()
-        import swanlab
+        with fresh_random():  # importing swanlab draws from `random`
+            import swanlab
 
         self._swanlab = swanlab
         self._owns_run = False
 
     def start(self, args, state, model, resumed):
+        with fresh_random():  # its ids, names and colours are drawn from `random`
+            self._start(args, state, model, resumed)
+
+    def _start(self, args, state, model, resumed):
         swanlab = self._swanlab
         self._owns_run = self._active_run() is None
         if self._owns_run:
@@ -54,6 +60,10 @@ class SwanLabCallback(TrackerCallback):
         self._swanlab.log({**summary, **curves, "train/global_step": step}, step=step)
 
     def finish(self, failed):
+        with fresh_random():
+            self._finish(failed)
+
+    def _finish(self, failed):
         if self._owns_run and self._active_run() is not None:
             self._swanlab.finish(state="crashed" if failed else "success")
         self._owns_run = False
