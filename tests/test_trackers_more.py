@@ -483,3 +483,17 @@ def test_comet_resumed_training_continues_the_experiment_key(tmp_path, monkeypat
     assert first_metrics["train/loss"] == history(first, "loss")
     assert second_metrics["train/loss"] == {s: v for s, v in history(resumed, "loss").items() if s > SAVE}
     assert "args|learning_rate" in first_params and "args|learning_rate" not in second_params  # logged once
+
+
+@needs("dvclive")
+def test_a_tracker_whose_library_fails_is_switched_off_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dvclive").write_text("a file where DVCLive wants its folder")
+    trainer = make_trainer(tmp_path / "out", ["dvclive", "jsonl"])
+    with caplog.at_level(logging.ERROR):
+        trainer.train()
+    assert trainer.state.global_step == STEPS
+    assert "report_to 'dvclive' failed in on_train_begin" in caplog.text and "switched off" in caplog.text
+    from cadence.integrations.jsonl import read_log_history
+
+    assert len(read_log_history(tmp_path / "out" / "log_history.jsonl")) == len(trainer.state.log_history)
