@@ -371,12 +371,18 @@ def test_clearml_offline_session_holds_hyperparameters_and_scalars(tmp_path):
 import sys, json, faulthandler
 faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where
 sys.path[:0] = {[os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), '..', 'src')]!r}
-from test_trackers_more import Draws, draws_without_trackers, make_trainer, tracker
+from test_trackers_more import SAVE, Draws, draws_without_trackers, make_trainer, stop_at, tracker
 trainer = make_trainer({str(tmp_path / 'out')!r}, "clearml", callbacks=[Draws()])
 trainer.train()
 same_draws = tracker(trainer, "Draws").values == draws_without_trackers({str(tmp_path / 'plain')!r})
+first = make_trainer({str(tmp_path / 'out2')!r}, "clearml", callbacks=[stop_at(6)])
+first.train()
+resumed = make_trainer({str(tmp_path / 'out2')!r}, "clearml")
+resumed.train(resume_from_checkpoint={str(tmp_path / 'out2' / 'checkpoint-4')!r})
 print(json.dumps({{"task": tracker(trainer, "ClearMLCallback").run_id, "log_history": trainer.state.log_history,
-                  "same_draws": same_draws}}))
+                  "same_draws": same_draws, "tasks": [tracker(t, "ClearMLCallback").run_id for t in (first, resumed)],
+                  "losses": [[[h["step"], h["loss"]] for h in t.state.log_history if "loss" in h]
+                             for t in (first, resumed)]}}))
 """)
     env = {**os.environ, "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(tmp_path / "cache"),
            "HOME": str(tmp_path), "CLEARML_CONFIG_FILE": str(tmp_path / "clearml.conf"),
@@ -388,22 +394,33 @@ print(json.dumps({{"task": tracker(trainer, "ClearMLCallback").run_id, "log_hist
                                 stderr=(tmp_path / "stderr").read_text())
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    session = glob.glob(str(tmp_path / "**" / "offline" / result["task"]), recursive=True)
-    assert len(session) == 1, out.stderr[-2000:]
-    with open(os.path.join(session[0], "metrics.jsonl")) as f:
-        events = [e for line in f if line.strip() for e in json.loads(line)]
+    def session(task):
+        folders = glob.glob(str(tmp_path / "**" / "offline" / task), recursive=True)
+        assert len(folders) == 1, out.stderr[-2000:]
+        with open(os.path.join(folders[0], "metrics.jsonl")) as f:
+            events = [e for line in f if line.strip() for e in json.loads(line)]
+        return folders[0], [e for e in events if e["type"] == "training_stats_scalar"]
+
+    folder, events = session(result["task"])
     scalars = {}
     for e in events:
-        if e["type"] == "training_stats_scalar":
-            scalars.setdefault((e["metric"], e["variant"]), {})[e["iter"]] = e["value"]
+        scalars.setdefault((e["metric"], e["variant"]), {})[e["iter"]] = e["value"]
     log_history = result["log_history"]
     assert result["same_draws"]  # ClearML draws from `random` (on import, Task.init): not from the training's stream
     assert scalars[("train", "loss")] == {h["step"]: h["loss"] for h in log_history if "loss" in h}
     assert scalars[("eval", "loss")] == {h["step"]: h["eval_loss"] for h in log_history if "eval_loss" in h}
     assert list(scalars[("Summary", "train_loss")].values()) == [log_history[-1]["train_loss"]]  # a single value
-    task = json.loads(open(os.path.join(session[0], "task.json")).read())
+    task = json.loads(open(os.path.join(folder, "task.json")).read())
     assert task["name"] == "tiny" and task["project_name"] == "cadence-tests"
     assert task["hyperparams"]["Transformers"]["learning_rate"]["value"] == "0.05"
+
+    # a resumed training continues the task, reporting at the global steps (ClearML would add an offset)
+    first_task, resumed_task = result["tasks"]
+    assert first_task == resumed_task
+    _, events = session(first_task)
+    first_losses, resumed_losses = result["losses"]
+    assert [[e["iter"], e["value"]] for e in events if (e["metric"], e["variant"]) == ("train", "loss")] == \
+        first_losses + [row for row in resumed_losses if row[0] > SAVE]
 
 
 # ----------------------------------------------------------------------------------------- CodeCarbon

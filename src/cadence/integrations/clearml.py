@@ -52,6 +52,8 @@ class ClearMLCallback(TrackerCallback):
             )
         self.run_id = self._task.id
         if resumed:
+            # a continued task adds its last iteration to the ones reported; ours are global steps already
+            self._task.set_initial_iteration(0)
             return
         hparams = {k: v for k, v in args.to_dict().items() if not k.endswith("_token")}  # never send secrets
         self._task.connect(flatten(hparams), name="Transformers")
