@@ -514,3 +514,32 @@ def test_a_tracker_whose_library_fails_is_switched_off_and_training_goes_on(tmp_
     from cadence.integrations.jsonl import read_log_history
 
     assert len(read_log_history(tmp_path / "out" / "log_history.jsonl")) == len(trainer.state.log_history)
+
+
+@pytest.mark.skipif(not swanlab_local_available(), reason="swanlab[dashboard] is not installed (it needs protobuf<7)")
+def test_swanlab_resumed_training_keeps_the_run_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWANLAB_MODE", "local")
+    monkeypatch.setenv("SWANLAB_LOG_DIR", str(tmp_path / "swanlog"))
+    first = make_trainer(tmp_path / "out", "swanlab", callbacks=[stop_at(6)])
+    first.train()
+    resumed = make_trainer(tmp_path / "out", "swanlab")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / f"checkpoint-{SAVE}"))
+    run_id = tracker(first, "SwanLabCallback").run_id
+    assert tracker(resumed, "SwanLabCallback").run_id == run_id  # init(id=..., resume="allow")
+
+    from swanboard.controller.utils import LOGS_CONFIGS, get_tag_files, read_tag_data
+    from swanboard.db import Experiment, Tag, connect
+
+    def curve(experiment, tag):
+        folder = tmp_path / "swanlog" / experiment.run_id / "logs" / Tag.get(
+            Tag.experiment_id == experiment.id, Tag.name == tag).folder
+        return {r["index"]: r["data"] for f in get_tag_files(str(folder), LOGS_CONFIGS)
+                for r in read_tag_data(str(folder / f))}
+
+    # SwanLab's local store keeps a resumed run as a second experiment of the same id (it continues runs in its
+    # cloud); each holds its own steps
+    connect(str(tmp_path / "swanlog"))
+    experiments = list(Experiment.select().order_by(Experiment.id))
+    assert [e.run_id.endswith(run_id) for e in experiments] == [True, True]
+    assert curve(experiments[0], "train/loss") == history(first, "loss")
+    assert curve(experiments[1], "train/loss") == {s: v for s, v in history(resumed, "loss").items() if s > SAVE}
