@@ -543,3 +543,16 @@ def test_swanlab_resumed_training_keeps_the_run_id(tmp_path, monkeypatch):
     assert [e.run_id.endswith(run_id) for e in experiments] == [True, True]
     assert curve(experiments[0], "train/loss") == history(first, "loss")
     assert curve(experiments[1], "train/loss") == {s: v for s, v in history(resumed, "loss").items() if s > SAVE}
+
+
+def test_kubeflow_resumed_training_starts_at_its_progress(tmp_path, monkeypatch):
+    with StatusServer() as server:
+        kubeflow_env(monkeypatch, tmp_path, server.url)
+        make_trainer(tmp_path / "out", "none", callbacks=[stop_at(6)]).train()
+        resumed = make_trainer(tmp_path / "out", "kubeflow")
+        tracker(resumed, "KubeflowCallback").min_interval = 0.0
+        resumed.train(resume_from_checkpoint=str(tmp_path / "out" / f"checkpoint-{SAVE}"))
+        statuses = server.statuses()
+    assert [s["progressPercentage"] for s in statuses] == [50, 62, 75, 87, 99, 100]
+    assert [metric_values(s)["current_step"] for s in statuses[1:-1]] == ["5", "6", "7", "8"]
+    assert all(s["estimatedRemainingSeconds"] >= 0 for s in statuses[1:])
