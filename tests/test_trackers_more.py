@@ -36,8 +36,8 @@ def make_trainer(out_dir, report_to, max_steps=STEPS, callbacks=None, **kw):
     args = TrainingArguments(output_dir=str(out_dir), report_to=report_to, logging_steps=1, max_steps=max_steps,
                              save_steps=SAVE, per_device_train_batch_size=8, learning_rate=0.05, disable_tqdm=True,
                              use_cpu=True, eval_strategy="steps", eval_steps=SAVE, **kw)
-    return Trainer(RegressionModel(), args, train_dataset=RegressionDataset(), eval_dataset=RegressionDataset(16, seed=1),
-                   callbacks=callbacks)
+    return Trainer(RegressionModel(), args, train_dataset=RegressionDataset(),
+                   eval_dataset=RegressionDataset(16, seed=1), callbacks=callbacks)
 
 
 def history(trainer, key):
@@ -106,7 +106,8 @@ def test_the_new_names_are_transformers_names():
 def test_import_cadence_imports_no_tracker_package():
     code = ("import sys, cadence; from cadence.integrations import registry; registry.available_integrations();"
             "from cadence.integrations import comet, dvclive, aim, clearml, codecarbon, swanlab, kubeflow;"
-            "print([m for m in ('comet_ml', 'dvclive', 'aim', 'clearml', 'codecarbon', 'swanlab') if m in sys.modules])")
+            "print([m for m in ('comet_ml', 'dvclive', 'aim', 'clearml', 'codecarbon', 'swanlab')"
+            " if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "COMET_API_KEY": "x" * 20})
     assert out.stdout.strip() == "[]"
@@ -189,7 +190,8 @@ def test_kubeflow_reports_progress_as_transformers_does(tmp_path, monkeypatch):
             eval_strategy="steps", eval_steps=SAVE)
         hf = transformers.Trainer(RegressionModel(), hf_args, train_dataset=RegressionDataset(),
                                   eval_dataset=RegressionDataset(16, seed=1))
-        next(cb for cb in hf.callback_handler.callbacks if type(cb).__name__ == "KubeflowCallback")._MIN_UPDATE_INTERVAL = 0
+        hf_kubeflow = next(cb for cb in hf.callback_handler.callbacks if type(cb).__name__ == "KubeflowCallback")
+        hf_kubeflow._MIN_UPDATE_INTERVAL = 0
         hf.train()
         theirs = server.statuses()
 

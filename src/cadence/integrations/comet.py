@@ -44,8 +44,8 @@ class CometCallback(TrackerCallback):
         elif resumed:
             mode, options["experiment_key"] = "get", self.run_id
         with fresh_random():  # the offline archive's name (<key>-<6 letters>): unique per run
-            self._experiment = comet_ml.start(mode=mode, experiment_config=comet_ml.ExperimentConfig(name=args.run_name),
-                                              **options)
+            config = comet_ml.ExperimentConfig(name=args.run_name)
+            self._experiment = comet_ml.start(mode=mode, experiment_config=config, **options)
         self.run_id = self._experiment.get_key()
         if os.getenv("COMET_LOG_ASSETS", "FALSE").upper() in ("TRUE", "1"):
             self._assets_dir = args.output_dir

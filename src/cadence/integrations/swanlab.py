@@ -5,7 +5,8 @@ Where: SwanLab's own settings (``SWANLAB_MODE``, ``SWANLAB_LOG_DIR``, ``SWANLAB_
 is the model config with the arguments over it, metrics carry transformers' names (``train/loss``,
 ``eval/loss``) with ``train/global_step``, and the end-of-training numbers are ``single_value/<key>``.
 ``SWANLAB_RUN_ID`` with ``SWANLAB_RESUME`` attach to a given run; a resumed training continues the run id kept
-in the checkpoint (in the cloud one run; SwanLab's local store keeps it as a second experiment of that id). A run the user opened with ``swanlab.init()`` is used as it is and left open.
+in the checkpoint (in the cloud one run; SwanLab's local store keeps it as a second experiment of that id). A
+run the user opened with ``swanlab.init()`` is used as it is and left open.
 """
 
 from __future__ import annotations
