@@ -245,7 +245,7 @@ _INVALID = [
     ({"data_seed": 2**32}, "data_seed", 2**32),
     ({"lr_scheduler_type": "reduce_lr_on_plateau"}, "lr_scheduler_type", "reduce_lr_on_plateau"),
     ({"lr_scheduler_kwargs": "{not json"}, "lr_scheduler_kwargs", "{not json"),
-    ({"report_to": "comet_ml"}, "report_to", ["comet_ml"]),  # transformers has it, cadence does not
+    ({"report_to": "neptune"}, "report_to", ["neptune"]),  # transformers has it, cadence does not
     ({"report_to": ["none", "tensorboard"]}, "report_to", ["none", "tensorboard"]),
     ({"average_tokens_across_devices": False}, "average_tokens_across_devices", False),
     ({"save_safetensors": False}, "save_safetensors", False),
