@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
-from .backend import Backend
+from .backend import AcceleratorView, Backend
 from .integrations import registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
 from .trainer_callback import (
@@ -113,6 +113,10 @@ class Trainer:
         self.backend = Backend(args)
         self.model = model.to(self.backend.device)
         self.model_wrapped = self.model
+        # what transformers' subclasses read: accelerate's methods over cadence's processes, and the engines in use
+        self.accelerator = AcceleratorView(self.backend)
+        self.is_fsdp_enabled = self.backend.sharding is not None
+        self.is_deepspeed_enabled = self.backend.deepspeed is not None
         self.processing_class = processing_class
         self.data_collator = data_collator if data_collator is not None else self._default_collator(processing_class)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
