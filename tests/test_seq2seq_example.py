@@ -73,12 +73,17 @@ def read(out, name):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("seq2seq_data")
+    write_data(folder / "train.jsonl", 48, seed=0)  # 6 steps an epoch at a global batch of 8: 12 in all
+    write_data(folder / "valid.jsonl", 16, seed=1)  # 4 eval batches of 4
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(data, tmp_path_factory):
+    """The script on cadence and on transformers, and on cadence resumed from checkpoint-8 of a copy of its run."""
     root = tmp_path_factory.mktemp("seq2seq")
-    data = root / "data"
-    data.mkdir()
-    write_data(data / "train.jsonl", 48, seed=0)  # 6 steps an epoch at a global batch of 8: 12 in all
-    write_data(data / "valid.jsonl", 16, seed=1)  # 4 eval batches of 4
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     result = {}
@@ -91,9 +96,6 @@ def runs(tmp_path_factory):
         shutil.copytree(root / "cadence" / "out" / "checkpoint-8", resumed / "checkpoint-8")
         result["resumed"] = (resumed, run("cadence", argv(data, resumed) + ["--resume_from_checkpoint",
                                                                            str(resumed / "checkpoint-8")]))
-        two = root / "two" / "out"
-        launch_two(argv(data, two, batch=2, ga=2), root)  # 2 processes x 2 x GA 2: the same global batch of 8
-        result["two"] = (two, None)
     finally:
         monkeypatch.undo()
     return result
@@ -138,8 +140,9 @@ def test_resumed_run_ends_bit_identical(runs):
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_one_process_results(runs):
-    one, two = runs["cadence"][0], runs["two"][0]
+def test_two_processes_give_the_one_process_results(runs, data, tmp_path):
+    one, two = runs["cadence"][0], tmp_path / "out"
+    launch_two(argv(data, two, batch=2, ga=2), tmp_path)  # 2 processes x 2 x GA 2: the same global batch of 8
     a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     for name in a:  # gradients all-reduced in another order: last bits
         assert torch.allclose(a[name], b[name], atol=1e-6, rtol=0), name

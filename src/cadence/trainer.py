@@ -222,8 +222,10 @@ class Trainer:
 
     @staticmethod
     def _default_label_names(model: nn.Module) -> list[str]:
+        """transformers' ``find_labels``: parameters named like labels; a question-answering model's span positions."""
         params = inspect.signature(model.forward).parameters
-        names = [n for n in params if "label" in n]
+        qa = "QuestionAnswering" in type(model).__name__
+        names = [n for n in params if "label" in n or (qa and n in ("start_positions", "end_positions"))]
         return names or ["labels"]
 
     @staticmethod
