@@ -108,8 +108,12 @@ def tiny_bert(hidden: int = 32) -> BertForQuestionAnswering:
     return BertForQuestionAnswering(config)
 
 
+MAX_LENGTH = 96  # every batch padded to it (the example's pad_to_max_length): the span softmax spans the padding too,
+# so a batch-dependent length would make a row's loss depend on its batch-mates
+
+
 def collate(features: list[dict]) -> dict[str, torch.Tensor]:
-    n = max(len(f["input_ids"]) for f in features)
+    n = MAX_LENGTH
     batch = {"input_ids": torch.full((len(features), n), PAD), "token_type_ids": torch.zeros((len(features), n), dtype=torch.long),
              "attention_mask": torch.zeros((len(features), n), dtype=torch.long)}
     for i, f in enumerate(features):
