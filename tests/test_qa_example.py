@@ -139,7 +139,10 @@ def test_two_processes_give_the_one_process_results(runs, data, tmp_path):
     assert_finished(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path), 2)
     a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     for name in a:
-        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=0), name
+        # the attention key bias has no gradient but float noise (softmax ignores a constant shift), which Adam
+        # scales up to steps of the learning rate's size: last-bit noise there is ~1e-6, not 1e-9
+        atol = 1e-5 if name.endswith("key.bias") else 1e-6
+        assert torch.allclose(a[name], b[name], atol=atol, rtol=0), name
     for name in ("eval_results.json", "predict_results.json"):
         compare(read(two, name), read(one, name), rel=1e-5)
     # gathered in compute_loss on each process: both processes' batches, so the one-process total
