@@ -17,7 +17,7 @@ from cadence import Seq2SeqTrainer, Seq2SeqTrainingArguments  # noqa: E402
 VOCAB, PAD, EOS = 40, 1, 2
 
 
-def tiny_bart(seed=0):
+def tiny_bart(seed=0, as_shipped=False):
     torch.manual_seed(seed)
     config = transformers.BartConfig(
         vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
@@ -26,7 +26,8 @@ def tiny_bart(seed=0):
     model = transformers.BartForConditionalGeneration(config)
     # BART takes **kwargs but averages its own loss: transformers would count each micro-batch mean whole (GA times
     # the gradient, README "Deliberate differences"); this makes it divide by GA, exact for equal-length labels
-    model.accepts_loss_kwargs = False
+    if not as_shipped:
+        model.accepts_loss_kwargs = False
     return model
 
 
@@ -117,7 +118,8 @@ def test_accumulation_is_exact_for_padded_seq2seq_labels(tmp_path):
     for batch, ga in ((4, 1), (2, 2)):
         args = seq2seq_args(cadence, tmp_path / f"ga{ga}", per_device_train_batch_size=batch,
                             gradient_accumulation_steps=ga, train_sampling_strategy="sequential", max_steps=4)
-        trainer = Seq2SeqTrainer(tiny_bart(), args, data_collator=collate, train_dataset=data)
+        # BART as transformers ships it (forward(**kwargs), its own mean loss): cadence weighs each mean by its items
+        trainer = Seq2SeqTrainer(tiny_bart(as_shipped=True), args, data_collator=collate, train_dataset=data)
         trainer.train()
         runs[ga] = (trainer.model.state_dict(), [h["loss"] for h in trainer.state.log_history if "loss" in h])
     assert runs[2][1][0] == pytest.approx(by_hand, rel=1e-6)

@@ -10,6 +10,8 @@ Generation runs on the unwrapped model (``self.model``: DDP's wrapper has no ``g
 forward's autocast, as the loss does. Generated tokens (and labels) are padded with the pad token (else eos) to the
 longest length generation can reach, so every batch, on every process, has one width and nothing is padded with -100
 when predictions are gathered and concatenated (transformers pads to the same width: the two give the same arrays).
+A decoder-only model given ``max_new_tokens`` returns its prompt too, whose length varies: such batches are
+concatenated with -100 between them, as in transformers.
 """
 
 from __future__ import annotations
