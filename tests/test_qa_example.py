@@ -23,6 +23,7 @@ from dist_exit import assert_finished  # noqa: E402
 
 HERE = os.path.dirname(__file__)
 SPEED = ("_runtime", "_per_second")
+SHIFT_ONLY = {"qa_outputs.bias", "bert.encoder.layer.0.attention.self.key.bias"}
 REL = 1e-4  # the same float32 model in two libraries: sums in another order differ in the last bits
 WORDS = ("apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "ocean", "piano", "queen", "robot", "sugar")
 
@@ -143,8 +144,11 @@ def test_two_processes_give_the_one_process_results(runs, data, tmp_path):
     assert_finished(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path), 2)
     a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     for name in a:
-        # float32 gradients summed in another order (an all-reduce of two halves): last bits, through 12 Adam steps
-        assert (a[name] - b[name]).abs().max().item() <= 1e-5, (name, (a[name] - b[name]).abs().max().item())
+        # float32 gradients summed in another order (an all-reduce of two halves): last bits, through 12 Adam steps.
+        # A bias that shifts every position's score alike (the span head's, an attention key's) changes no softmax:
+        # its gradient is float noise only, which Adam scales up (8.6e-5 measured), and it changes no output
+        atol = 1e-3 if name in SHIFT_ONLY else 1e-5
+        assert (a[name] - b[name]).abs().max().item() <= atol, (name, (a[name] - b[name]).abs().max().item())
     for name in ("eval_results.json", "predict_results.json"):
         compare(read(two, name), read(one, name), rel=1e-5)
     # gathered in compute_loss on each process: both processes' batches, so the one-process total

@@ -25,6 +25,8 @@ HERE = os.path.dirname(__file__)
 SPEED = ("_runtime", "_per_second")
 # the same float32 model in two libraries: sums in another order differ in the last bits
 REL = 1e-4
+SHIFT_ONLY = {"model.encoder.layers.0.self_attn.k_proj.bias", "model.decoder.layers.0.self_attn.k_proj.bias",
+              "model.decoder.layers.0.encoder_attn.k_proj.bias"}
 WORDS = ("apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "ocean", "piano", "queen", "robot", "sugar",
          "violet", "wagon", "yellow", "zebra", "amber", "bison", "candle", "delta")
 
@@ -149,8 +151,11 @@ def test_two_processes_give_the_one_process_results(runs, data, tmp_path):
     launch_two(argv(data, two, batch=2, ga=2), tmp_path)  # 2 processes x 2 x GA 2: the same global batch of 8
     a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     for name in a:
-        # float32 gradients summed in another order (an all-reduce of two halves): last bits, through 12 Adam steps
-        assert (a[name] - b[name]).abs().max().item() <= 1e-5, (name, (a[name] - b[name]).abs().max().item())
+        # float32 gradients summed in another order (an all-reduce of two halves): last bits, through 12 Adam steps.
+        # A bias that shifts every position's score alike (the span head's, an attention key's) changes no softmax:
+        # its gradient is float noise only, which Adam scales up (8.6e-5 measured), and it changes no output
+        atol = 1e-3 if name in SHIFT_ONLY else 1e-5
+        assert (a[name] - b[name]).abs().max().item() <= atol, (name, (a[name] - b[name]).abs().max().item())
     # generated on each process, padded to one width, gathered in dataset order
     assert (np.load(one / "predicted_ids.npy") == np.load(two / "predicted_ids.npy")).all()
     for name in ("eval_results.json", "predict_results.json"):
