@@ -207,3 +207,24 @@ def test_parses_from_the_command_line_like_transformers():
     (theirs,) = transformers.HfArgumentParser(transformers.Seq2SeqTrainingArguments).parse_args_into_dataclasses(argv)
     for name in ("predict_with_generate", "generation_num_beams", "generation_max_length", "generation_config"):
         assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_bf16_generation_runs_under_autocast_like_transformers(tmp_path):
+    """With bf16, transformers' evaluation runs the forward (and so generate) under accelerate's autocast; cadence
+    generates under the same autocast: every forward of generate() and of the loss computes in bfloat16, and the
+    tokens and loss are transformers'."""
+    train, test = rows(16), rows(8, seed=5)
+    results = {}
+    for lib in (transformers, cadence):
+        model = tiny_bart()
+        trainer = lib.Seq2SeqTrainer(model, seq2seq_args(lib, tmp_path / lib.__name__, bf16=True, max_steps=2),
+                                     data_collator=collate, train_dataset=train)
+        trainer.train()
+        dtypes = []
+        hook = model.lm_head.register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+        results[lib.__name__] = (trainer.predict(test), dtypes)
+        hook.remove()
+    (ours, dtypes), (theirs, hf_dtypes) = results["cadence"], results["transformers"]
+    assert set(dtypes) == set(hf_dtypes) == {torch.bfloat16} and len(dtypes) == len(hf_dtypes) > 2
+    assert np.array_equal(ours.predictions, theirs.predictions)
+    assert ours.metrics["test_loss"] == pytest.approx(theirs.metrics["test_loss"], abs=1e-5)
