@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Trainer": "trainer",
     "TrainingArguments": "training_args",
+    "Seq2SeqTrainer": "trainer_seq2seq",
+    "Seq2SeqTrainingArguments": "training_args_seq2seq",
     "OptimizerNames": "training_args",
     "TrainerCallback": "trainer_callback",
     "TrainerState": "trainer_callback",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:  # for editors and type checkers only
     from .data import DataCollatorWithPadding, DefaultDataCollator, default_data_collator
     from .optimization import Adafactor, get_scheduler
     from .trainer import Trainer
+    from .trainer_seq2seq import Seq2SeqTrainer
     from .trainer_callback import (
         DefaultFlowCallback,
         EarlyStoppingCallback,
@@ -74,3 +77,4 @@ if TYPE_CHECKING:  # for editors and type checkers only
     )
     from .trainer_utils import EvalPrediction, PredictionOutput, TrainOutput, set_seed
     from .training_args import TrainingArguments
+    from .training_args_seq2seq import Seq2SeqTrainingArguments

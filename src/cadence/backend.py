@@ -7,6 +7,8 @@ asks which engine is underneath; ``pin_memory``, ``empty_cache`` and ``free_memo
 with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks this module's functions instead:
 ``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``, ``peak_flops``,
 ``process_group_size_and_rank``, ``any_process``. No other module calls torch.cuda or torch.distributed.
+``AcceleratorView`` is ``trainer.accelerator``: accelerate's ``Accelerator`` methods for subclasses, on one
+process or several.
 
 A single process gets no wrapper at all: no DDP module, no optimizer wrapper, no accelerate dataloader; the model
 is only moved to the device. Several processes (``torchrun``/``accelerate launch``) go through
@@ -114,6 +116,7 @@ class Backend:
         self._args = args
         self.timeout_s = args.ddp_timeout
         self.process_index = args.process_index
+        self.local_process_index = args.local_process_index
         # DeepSpeed casts the model itself (its config's fp16/bf16, filled from the arguments): no autocast here
         self.amp_dtype = None if self.deepspeed else _amp_dtype(args, self.device)
         plugin = fsdp_plugin(args)
@@ -136,6 +139,13 @@ class Backend:
     @property
     def is_main_process(self) -> bool:
         return self.process_index == 0
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Whether each process holds only part of the weights (FSDP, DeepSpeed ZeRO-3): a forward is then a
+        collective, so generation must run the same number of forwards on every process (``synced_gpus``)."""
+        zero = (self.deepspeed or {}).get("zero_optimization", {})
+        return self.sharding is not None or str(zero.get("stage")) == "3"
 
     def prepare_model(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> torch.nn.Module:
         """Move to the device; compile once with ``torch_compile``; wrap for data parallelism only when
@@ -362,6 +372,170 @@ class Backend:
             optimizer.load_state_dict(checkpoint.safe_load(Path(folder) / checkpoint.OPTIMIZER_NAME))
         else:
             self.sharding.load_optimizer_state(model, optimizer, Path(folder))
+
+
+class AcceleratorView:
+    """``trainer.accelerator``: accelerate's ``Accelerator`` methods that subclasses call, acting on cadence's processes.
+
+    transformers' subclasses and callers use ``trainer.accelerator`` (``gather``, ``unwrap_model``, ``is_main_process``,
+    ``backward``, ...). cadence gives a single process no ``Accelerator`` at all (nothing to wrap: that is part of its
+    speed), so this view answers those methods from the ``Backend`` on one process and hands them to the run's real
+    ``Accelerator`` on several; any other attribute (``state``, ``split_between_processes``, ...) is the real one's, or
+    on one process accelerate's ``PartialState``'s. ``backward``, ``autocast`` and ``clip_grad_norm_`` go through the
+    Backend, so cadence's mixed precision and loss scaling apply to a subclass's own step as to the loop's. The loop
+    never calls it: it costs nothing unless used.
+
+    Args:
+        backend: the Trainer's ``Backend``.
+
+    Example:
+        >>> class MyTrainer(Trainer):
+        ...     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ...         seen = self.accelerator.gather(inputs["labels"]).numel()  # over all processes
+        ...         return self.accelerator.unwrap_model(model)(**inputs).loss
+    """
+
+    def __init__(self, backend: Backend):
+        self._backend = backend
+
+    @property
+    def _accelerator(self):
+        return self._backend.accelerator
+
+    # --------------------------------------------------------- who and where
+    @property
+    def device(self) -> torch.device:
+        return self._backend.device
+
+    @property
+    def num_processes(self) -> int:
+        return self._backend.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self._backend.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self._backend.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self._backend.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self._backend.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self._backend.process_index == self._backend.world_size - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self._backend.world_size > 1
+
+    @property
+    def distributed_type(self):
+        if self._accelerator is not None:
+            return self._accelerator.distributed_type
+        from accelerate.utils import DistributedType
+
+        return DistributedType.NO
+
+    @property
+    def mixed_precision(self) -> str:
+        """``"bf16"``/``"fp16"`` when cadence runs the forward under autocast, else ``"no"``."""
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self._backend.amp_dtype, "no")
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return 1  # cadence accumulates itself; accelerate's own accumulation stays at 1
+
+    @property
+    def sync_gradients(self) -> bool:
+        return True
+
+    # --------------------------------------------------------- collectives (every process must call them)
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or nested tensors) along dim 0 over processes; unchanged on one process."""
+        return tensor if self._accelerator is None else self._accelerator.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        return input_data if self._accelerator is None else self._accelerator.gather_for_metrics(input_data, use_gather_object)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum (``"sum"``), average (``"mean"``) or keep (``"none"``) over processes; a copy on one process."""
+        if self._accelerator is None:
+            return _map_tensors(lambda t: t.clone(), tensor)  # accelerate also returns a copy, unscaled
+        return self._accelerator.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        if self._accelerator is None:
+            return tensor
+        return self._accelerator.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def wait_for_everyone(self) -> None:
+        self._backend.barrier()
+
+    # --------------------------------------------------------- the model and its step
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The user's module without the DDP wrapper (and without torch.compile's unless ``keep_torch_compile``)."""
+        if self._accelerator is not None:
+            return self._accelerator.unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper,
+                                                  keep_torch_compile=keep_torch_compile)
+        return model if keep_torch_compile else getattr(model, "_orig_mod", model)
+
+    def autocast(self, autocast_handler: Any = None):
+        """cadence's forward context (autocast with ``bf16``/``fp16``); a handler with ``enabled=False`` turns it off."""
+        if autocast_handler is not None and not getattr(autocast_handler, "enabled", True):
+            return contextlib.nullcontext()
+        return self._backend.autocast()
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` with cadence's loss scaling (fp16) and DDP; the loss is not divided by anything."""
+        self._backend.backward(loss)
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        if norm_type != 2:
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self._backend.clip_grad_norm(parameters, max_norm)
+
+    def no_sync(self, model: torch.nn.Module):
+        return self._backend.no_sync(model)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_backend":  # copy/pickle probes; a half-built view
+            raise AttributeError(name)
+        target = self._accelerator if self._accelerator is not None else self._partial_state()
+        try:
+            return getattr(target, name)
+        except AttributeError:
+            raise AttributeError(
+                f"trainer.accelerator has no attribute {name!r}: it is accelerate's {type(target).__name__} here "
+                f"({self.num_processes} process(es)), which has none either"
+            ) from None
+
+    def _partial_state(self):
+        """accelerate's process state with the run's settings (what ``main_process_first`` creates too)."""
+        from accelerate import PartialState
+
+        args = self._backend._args
+        return _end_at_exit_if_started(
+            lambda: PartialState(cpu=args.use_cpu, backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout)))
+
+
+def _map_tensors(fn: Callable, value: Any) -> Any:
+    if isinstance(value, dict):
+        return type(value)({k: _map_tensors(fn, v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(fn, v) for v in value)
+    return fn(value) if torch.is_tensor(value) else value
 
 
 # what torch.distributed's transports say when a peer is gone or silent (gloo raises plain RuntimeErrors)

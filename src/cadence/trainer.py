@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
-from .backend import Backend
+from .backend import AcceleratorView, Backend
 from .integrations import registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
 from .memory_metrics import TrainerMemoryTracker
@@ -122,6 +122,10 @@ class Trainer:
         self._memory_tracker.start("init")
         self.model = model.to(self.backend.device)
         self.model_wrapped = self.model
+        # what transformers' subclasses read: accelerate's methods over cadence's processes, and the engines in use
+        self.accelerator = AcceleratorView(self.backend)
+        self.is_fsdp_enabled = self.backend.sharding is not None
+        self.is_deepspeed_enabled = self.backend.deepspeed is not None
         self.processing_class = processing_class
         self.data_collator = data_collator if data_collator is not None else self._default_collator(processing_class)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
@@ -233,8 +237,10 @@ class Trainer:
 
     @staticmethod
     def _default_label_names(model: nn.Module) -> list[str]:
+        """transformers' ``find_labels``: parameters named like labels; a question-answering model's span positions."""
         params = inspect.signature(model.forward).parameters
-        names = [n for n in params if "label" in n]
+        qa = "QuestionAnswering" in type(model).__name__
+        names = [n for n in params if "label" in n or (qa and n in ("start_positions", "end_positions"))]
         return names or ["labels"]
 
     @staticmethod
