@@ -71,7 +71,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from . import backend
+from . import backend, output_guard
 from .loop_state import BatchLayout
 from .trainer_callback import ExportableState, TrainerCallback, TrainerState
 from .trainer_utils import CHECKPOINT_DIR_RE, has_length, sorted_checkpoints
@@ -377,14 +377,18 @@ def save_json(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: str | None, just_written: Path) -> list[Path]:
-    """Delete the oldest checkpoints beyond ``limit``, never the best one nor the one just written.
+def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: str | None, just_written: Path,
+                       earlier: set[Path] = frozenset()) -> list[Path]:
+    """Delete the oldest checkpoints beyond ``limit``, never the best one nor the one just written; the
+    ``earlier`` run's checkpoints (``output_guard.earlier_checkpoints``) neither count nor go.
 
     Returns the deleted folders.
     """
     if not limit:
         return []
-    return delete_oldest(sorted_checkpoints(output_dir), limit, {just_written, best})
+    earlier = {Path(p).resolve() for p in earlier}
+    own = [c for c in sorted_checkpoints(output_dir) if c.resolve() not in earlier]
+    return delete_oldest(own, limit, {just_written, best})
 
 
 def delete_oldest(ordered: list[Path], limit: int, keep: set) -> list[Path]:
@@ -904,7 +908,8 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     backend.barrier()  # every process agrees the save is complete before anything is deleted
     if args.should_save:
         remove_incomplete(args.output_dir)
-        rotate_checkpoints(args.output_dir, args.save_total_limit, state.best_model_checkpoint, folder)
+        rotate_checkpoints(args.output_dir, args.save_total_limit, state.best_model_checkpoint, folder,
+                           output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
     return folder
 
 
