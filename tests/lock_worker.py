@@ -1,9 +1,11 @@
-"""Run by test_output_guard.py: take an output_dir's lock at a signal, say whether it got it, hold it until told.
+"""Run by test_output_guard.py: in each round, take that round's output_dir lock at a signal, say whether it got it,
+hold it until told, release it.
 
-usage: lock_worker.py OUT_DIR GO_FILE RELEASE_FILE [--no-fcntl]
+usage: lock_worker.py BASE ROUNDS [--no-fcntl]
 
-Prints READY once imported, then GOT or REFUSED once GO_FILE exists (all workers at once), and keeps what it got
-until RELEASE_FILE exists. --no-fcntl: the exclusive-create fallback (as where fcntl is missing)."""
+Round r uses BASE/round{r}/run, waits for BASE/round{r}/go, prints GOT or REFUSED, keeps what it got until
+BASE/round{r}/release exists. Prints READY once imported. --no-fcntl: the exclusive-create fallback (as where fcntl
+is missing)."""
 
 import os
 import sys
@@ -18,20 +20,22 @@ def wait_for(path: str) -> None:
         time.sleep(0.0005)
 
 
-def main(out: str, go: str, release: str) -> None:
+def main(base: str, rounds: str) -> None:
     if "--no-fcntl" in sys.argv:
         output_guard.fcntl = None
-    lock = output_guard.OutputDirLock(out)
     print("READY", flush=True)
-    wait_for(go)
-    try:
-        lock.acquire()
-        print("GOT", flush=True)
-    except ValueError as e:
-        print("REFUSED", e, flush=True)
-    wait_for(release)
-    lock.release(remove_created_dir=False)
+    for r in range(int(rounds)):
+        folder = os.path.join(base, f"round{r}")
+        lock = output_guard.OutputDirLock(os.path.join(folder, "run"))
+        wait_for(os.path.join(folder, "go"))
+        try:
+            lock.acquire()
+            print("GOT", flush=True)
+        except ValueError as e:
+            print("REFUSED", e, flush=True)
+        wait_for(os.path.join(folder, "release"))
+        lock.release(remove_created_dir=False)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:3])

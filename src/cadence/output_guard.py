@@ -38,7 +38,7 @@ import shutil
 import socket
 import sys
 import threading
-import uuid
+import time
 from pathlib import Path
 
 from .trainer_utils import CHECKPOINT_DIR_RE, sorted_checkpoints
@@ -234,13 +234,16 @@ class OutputDirLock:
         if not self._may_take_over(owner, me, os_locked=True):
             os.close(fd)  # releases the flock: the file stays for its owner
             return owner
+        if owner:
+            logger.warning("taking over %s: its owner (pid %s on %s) no longer holds it", self.path, owner.get("pid"),
+                           owner.get("host"))
         os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(me) + "\n").encode())
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         self._fd, self.held = fd, True
         return owner
 
     def _take_exclusive(self, me: dict) -> dict:
-        for _ in range(10):  # each round either creates the file, or finds an owner, or moved a dead one away
+        for _ in range(500):  # each round creates the file, or finds a live owner, or a dead one's file went
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
@@ -249,7 +252,7 @@ class OutputDirLock:
                     continue
                 if not self._may_take_over(owner, me, os_locked=False):
                     return owner
-                self._move_away_stale(owner)
+                self._remove_stale(owner)
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(me) + "\n")
@@ -257,21 +260,28 @@ class OutputDirLock:
             return {}
         return self._read_owner() or {}
 
-    def _move_away_stale(self, stale: dict) -> None:
-        """Rename a dead owner's lock file to a unique name (atomic: of several runs, one moves it); if the
-        file moved is not the stale one judged (another run just created its own), put it back."""
-        aside = self.path.with_name(f"{LOCK_NAME}.stale-{uuid.uuid4().hex}")
+    def _remove_stale(self, stale: dict) -> None:
+        """Delete a dead owner's lock file while holding ``cadence.lock.takeover`` (an exclusive create), and only
+        if it still names that owner when read under it: of several runs judging one stale file, one deletes it,
+        and a file another run created meanwhile is never deleted. The runs then race to create it again."""
+        guard = self.path.with_name(LOCK_NAME + ".takeover")
         try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:  # another run moved it first
-            return
-        moved = _parse(aside.read_bytes())
-        if moved != stale:
+            os.close(os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:  # another run is taking over: look again shortly
             try:
-                os.link(aside, self.path)  # back, unless a third run created one meanwhile
-            except OSError:
+                if time.time() - guard.stat().st_mtime > 30:  # left by a run killed inside the takeover
+                    guard.unlink()
+            except FileNotFoundError:
                 pass
-        aside.unlink(missing_ok=True)
+            time.sleep(0.005)
+            return
+        try:
+            if self._read_owner() == stale:
+                self.path.unlink(missing_ok=True)
+                logger.warning("taking over %s: its owner (pid %s on %s) no longer runs", self.path,
+                               stale.get("pid"), stale.get("host"))
+        finally:
+            guard.unlink(missing_ok=True)
 
     def _may_take_over(self, owner: dict, me: dict, os_locked: bool) -> bool:
         """Whether the lock file's owner is gone. ``os_locked``: this process holds the file's OS lock now, so
@@ -284,10 +294,7 @@ class OutputDirLock:
         if not isinstance(pid, int) or pid == me["pid"]:
             # empty or unreadable: a run that died writing it, or (fallback) one writing it now
             return os_locked or pid == me["pid"]
-        if os_locked or not _pid_alive(pid):
-            logger.warning("taking over %s: its owner (pid %s on %s) no longer runs", self.path, pid, owner.get("host"))
-            return True
-        return False
+        return os_locked or not _pid_alive(pid)
 
     def _read_owner(self) -> dict | None:
         """The owner the lock file names; None when the file is gone."""
