@@ -683,7 +683,14 @@ def _check_same_data(folder: Path, loop: dict, identity: dict, expected_batches:
     n, fp = identity.get("num_samples"), identity.get("fingerprint")
     if saved_n is None and loop.get("batches_per_epoch") not in (None, expected_batches):
         saved_n = f"data giving {loop['batches_per_epoch']} batches per epoch"
-    changed = (saved_n is not None and n is not None and saved_n != n) or (saved_fp and fp and saved_fp != fp)
+    other_fp = bool(saved_fp and fp and saved_fp != fp)
+    if other_fp and saved_n == n and loop.get("sample") and loop.get("sample") == identity.get("sample"):
+        # datasets gives a .map() whose function it cannot hash a random fingerprint: the length and rows decide
+        logger.warning("checkpoint %s was written with train_dataset fingerprint %s, this run's is %s, but the "
+                       "length (%s) and a sample of the rows agree: resuming (datasets gives a .map() whose function "
+                       "it cannot hash a random fingerprint)", folder, saved_fp, fp, n)
+        other_fp = False
+    changed = (saved_n is not None and n is not None and saved_n != n) or other_fp
     if changed:
         what = f"{saved_n} samples" if isinstance(saved_n, int) else (saved_n or "the same length")
         raise ValueError(
