@@ -279,7 +279,9 @@ def test_two_threads_of_one_process_one_is_refused(tmp_path, monkeypatch, fallba
         assert "in use by another run of this process" in next(r for r in results if r != "got")
         [lock.release(remove_created_dir=False) for lock in locks]
         assert listing(out) == []
-    # and two Trainers training in two threads: the second is refused while the first trains
+    # and two Trainers training in two threads: the second is refused while the first trains, and its refusal
+    # leaves the first's note of an earlier run's checkpoint-4 alone (never rotated away by the first)
+    train(out, stop=4, save_steps=4)
     first_at_step_1, second_done, errors = threading.Event(), threading.Event(), []
 
     class Hold(TrainerCallback):
@@ -290,7 +292,7 @@ def test_two_threads_of_one_process_one_is_refused(tmp_path, monkeypatch, fallba
 
     def first():
         try:
-            train(out, stop=2, save_steps=2, callbacks=[Hold()])
+            train(out, stop=2, save_steps=1, save_total_limit=1, callbacks=[Hold()])
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -303,7 +305,7 @@ def test_two_threads_of_one_process_one_is_refused(tmp_path, monkeypatch, fallba
     finally:
         second_done.set()
         thread.join()
-    assert not errors and listing(out) == ["checkpoint-2"]
+    assert not errors and listing(out) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_two_runs_at_once_the_second_refuses_and_the_first_finishes(tmp_path):

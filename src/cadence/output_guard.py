@@ -161,6 +161,7 @@ class OutputDirLock:
         self.created_dir = False
         self.held = False
         self._fd: int | None = None  # the flock'ed file, open while held
+        self.noted = False  # note_earlier_run ran for this run
 
     def acquire(self) -> None:
         """Create ``output_dir`` and take its lock, or take over a dead owner's.
@@ -316,7 +317,9 @@ class OutputDirLock:
                 self.held = False
             if _held.get(_key(self.output_dir)) is self:
                 del _held[_key(self.output_dir)]
-            _earlier.pop(_key(self.output_dir), None)
+            if self.noted:  # this run's note of the earlier run's checkpoints (not another thread's)
+                _earlier.pop(_key(self.output_dir), None)
+                self.noted = False
         if remove_created_dir:
             self._remove_created_dir()
 
@@ -365,7 +368,7 @@ if hasattr(os, "register_at_fork"):
 # ------------------------------------------------------------------ an earlier run's checkpoints
 
 
-def note_earlier_run(output_dir: str | os.PathLike, overwrite: bool, delete: bool) -> list[Path]:
+def note_earlier_run(lock: OutputDirLock, overwrite: bool, delete: bool) -> list[Path]:
     """Before a new run (not a resume): the ``checkpoint-N`` folders of an earlier run in ``output_dir``.
 
     Warns once naming them and remembers them, so this run's rotation leaves them alone
@@ -373,14 +376,15 @@ def note_earlier_run(output_dir: str | os.PathLike, overwrite: bool, delete: boo
     that deletes), with the earlier run's ``trainer_state.json`` and ``log_history.jsonl``.
 
     Args:
-        output_dir: the run's output folder.
+        lock: this run's lock of ``output_dir`` (held on the main process); its ``release()`` forgets them.
         overwrite: ``overwrite_output_dir``.
         delete: whether this process deletes (the main one) or only notes.
 
     Returns:
         The earlier run's checkpoint folders kept (none when ``overwrite``).
     """
-    output_dir = Path(output_dir)
+    output_dir = lock.output_dir
+    lock.noted = True
     _earlier.pop(_key(output_dir), None)
     if not output_dir.is_dir():
         return []

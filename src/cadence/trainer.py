@@ -449,7 +449,7 @@ class Trainer:
         if resume_from_checkpoint in (None, False) and output_guard.restarted_by_torchrun():
             resume_from_checkpoint = self._restarted_job_checkpoint()
         if resume_from_checkpoint in (None, False):
-            output_guard.note_earlier_run(args.output_dir, args.overwrite_output_dir, delete=main)
+            output_guard.note_earlier_run(lock, args.overwrite_output_dir, delete=main)
         self.backend.barrier()
         return resume_from_checkpoint
 
