@@ -78,15 +78,30 @@ def _checkpoint_folders(output_dir: Path, leftovers: bool) -> list[Path]:
 
 
 def _pid_alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill(pid, 0) would terminate the process there: ask the kernel instead
+        return _windows_pid_alive(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
         return True
-    except OSError:  # Windows: os.kill(pid, 0) is not a probe; assume alive (refusing is the safe side)
-        return True
     return True
+
+
+def _windows_pid_alive(pid: int) -> bool:
+    """OpenProcess + GetExitCodeProcess (STILL_ACTIVE = 259); a process we may not open exists. Not run here."""
+    import ctypes
+
+    kernel32 = ctypes.windll.kernel32
+    handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+    if not handle:
+        return kernel32.GetLastError() == 5  # ERROR_ACCESS_DENIED: it exists
+    try:
+        code = ctypes.c_ulong()
+        return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259
+    finally:
+        kernel32.CloseHandle(handle)
 
 
 # ------------------------------------------------------------------ the job torchrun runs
