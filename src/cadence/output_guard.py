@@ -30,6 +30,7 @@ nothing else used is removed again, so a refused run leaves the disk as it was.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -357,8 +358,6 @@ def _parse(raw: bytes) -> dict:
 
 
 def _flock_unsupported(error: OSError) -> bool:
-    import errno
-
     return error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
