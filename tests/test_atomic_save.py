@@ -20,13 +20,13 @@ class FailWeightsAt(TrainerCallback):
         if state.global_step != self.step:
             return
 
-        def half_written(model, filename, *a, **kw):
+        def half_written(tensors, filename, *a, **kw):
             with open(filename, "wb") as f:
                 f.write(b"\x00" * 100)
             self.failed.append(filename)
             raise OSError(28, "No space left on device")
 
-        self.monkeypatch.setattr(safetensors.torch, "save_model", half_written)
+        self.monkeypatch.setattr(safetensors.torch, "save_file", half_written)
 
 
 def test_failed_weights_write_leaves_no_checkpoint_folder(tmp_path, monkeypatch):

@@ -9,10 +9,13 @@ file, and, for the checkpoint rows, a run's checkpoints) before and after.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import math
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,7 +28,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from cadence import Trainer, TrainerCallback
-from cadence.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.checkpoint import CorruptCheckpointError, UnsafeCheckpointError, write_manifest
 from cadence.output_guard import LOCK_NAME
 
 
@@ -133,8 +136,37 @@ def rewrite_json(name, text):
 
 def weights_only_checkpoint(folder):
     """What save_only_model=True writes (here without a manifest, as transformers writes it)."""
-    for name in ("optimizer.pt", "scheduler.pt", "checkpoint_manifest.json"):
+    for name in ("optimizer.pt", "scheduler.pt", "checkpoint_manifest.json", "loop_state.json"):
         os.remove(os.path.join(folder, name))
+
+
+def removed(*names):
+    def change(folder):
+        for name in names:
+            os.remove(os.path.join(folder, name))
+
+    return change
+
+
+def state_field(key, value):
+    """trainer_state.json with one field changed, the manifest written again to match (an edit by hand, or a bug)."""
+
+    def change(folder):
+        path = os.path.join(folder, "trainer_state.json")
+        with open(path) as f:
+            state = json.load(f)
+        state[key] = value
+        with open(path, "w") as f:
+            json.dump(state, f)
+        write_manifest(__import__("pathlib").Path(folder))
+
+    return change
+
+
+def evil_bin_weights(folder):
+    """A transformers-4.x-style checkpoint whose pytorch_model.bin is a crafted pickle."""
+    removed("model.safetensors", "checkpoint_manifest.json", "loop_state.json")(folder)
+    torch.save({"a": Evil()}, os.path.join(folder, "pytorch_model.bin"))
 
 
 class Evil:
@@ -167,6 +199,98 @@ def locked(out, base):
 def blocked(out, base):
     with open(os.path.join(out, "file"), "w") as f:
         f.write("a file where a folder is needed")
+
+
+# ------------------------------------------------------------------ cadence train's files (made once per session)
+
+
+CLI_FILES = {
+    "train.txt": "the cat sat on the mat\nthe dog ran under the log\n" * 4,
+    "empty.csv": "",
+    "header.csv": "text,label\n",
+    "bad.csv": 'text\n"a quote that never closes\n',
+    "bad.jsonl": '{"text": "a"\n',
+    "blank.txt": "\n   \n\n",
+    "none-cell.csv": 'text\n""\nhello\n',
+    "list.yaml": "- model\n- train_file\n",
+    "empty.yaml": "",
+    "bad.yaml": "model: [unclosed\n",
+    "bad.json": '{"model": ',
+    "no-model.yaml": "train_file: train.txt\n",
+}
+
+
+@functools.cache
+def cli_folder() -> str:
+    """A from-scratch GPT-2 config (64 positions) with a word-level tokenizer, and the files above."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, PreTrainedTokenizerFast
+
+    folder = tempfile.mkdtemp(prefix="cadence-cli-rows-")
+    atexit.register(shutil.rmtree, folder, True)
+    for name, text in CLI_FILES.items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+    core = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.train_from_iterator([CLI_FILES["train.txt"]], trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]")
+    tokenizer.save_pretrained(os.path.join(folder, "model"))
+    GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=16, n_layer=1, n_head=2).save_pretrained(
+        os.path.join(folder, "model"))
+    return folder
+
+
+def cadence_train(*flags):
+    """``cadence train`` with ``flags`` ({dir} is cli_folder()) into the row's output_dir; train.txt unless named."""
+
+    def run(out):
+        pytest.importorskip("transformers")
+        pytest.importorskip("datasets")
+        from cadence.cli_train import run_train
+
+        folder = cli_folder()
+        argv = [flag.format(dir=folder) for flag in flags]
+        if argv and argv[0].endswith((".yaml", ".json")):
+            return run_train(argv)
+        if "--train_file" not in argv:
+            argv += ["--train_file", os.path.join(folder, "train.txt")]
+        return run_train(["--model", os.path.join(folder, "model"), "--output_dir", out, "--max_steps", "2",
+                          "--use_cpu", "--disable_tqdm", "true", *argv])
+
+    return run
+
+
+def search(hp_space):
+    """A one-trial optuna search over ``hp_space`` (a model_init Trainer, so that a trial could train)."""
+
+    def run(out):
+        pytest.importorskip("optuna")
+        trainer = Trainer(args=args(out, eval_strategy="steps", eval_steps=1), model_init=lambda: RegressionModel(),
+                          train_dataset=RegressionDataset(16), eval_dataset=RegressionDataset(8))
+        return trainer.hyperparameter_search(hp_space=hp_space, n_trials=1, backend="optuna")
+
+    return run
+
+
+def plot_row(id, text, flags, *culprits):
+    """``cadence plot`` of a run folder holding a trainer_state.json with ``text`` (written by the row's setup)."""
+
+    def setup(out, base):
+        with open(os.path.join(out, "trainer_state.json"), "w") as f:
+            f.write(text)
+
+    def run(out):
+        pytest.importorskip("matplotlib")
+        from cadence.plot import plot_run
+
+        return plot_run(out, *[flag.format(out=out) for flag in flags])
+
+    return Row(f"plot-{id}", run, ValueError, culprits, setup=setup)
+
+
+def cli_row(id, flags, *culprits):
+    return Row(f"cadence-train-{id}", cadence_train(*flags), ValueError, culprits)
 
 
 # ------------------------------------------------------------------ the table
@@ -216,6 +340,22 @@ ROWS = [
     arg_row("logging_steps", 0, "=0", logging_strategy="steps"),
     arg_row("save_steps", 1.5, "1.5", save_strategy="steps"),
     arg_row("eval_steps", -2, "-2", eval_strategy="steps"),
+    # --- TrainingArguments: text where a bool or a number is due (a JSON/YAML config, an environment variable)
+    arg_row("overwrite_output_dir", "maybe", "'maybe'", "True or False"),
+    arg_row("bf16", "on", "'on'", "True or False"),
+    arg_row("use_cpu", 2, "=2", "True or False"),
+    arg_row("learning_rate", "fast", "'fast'", "a number"),
+    arg_row("seed", "1.5", "'1.5'", "an integer"),
+    Row("args-overwrite_output_dir='false'-keeps-checkpoints",  # "false" is False: the earlier run is not deleted
+        lambda out: fit(out, args_kw=dict(overwrite_output_dir="false")), ValueError,
+        ("output_dir=", "checkpoint-2", "overwrite_output_dir=True"), setup=with_checkpoint()),
+    # --- TrainingArguments: non-finite floats (the run would "succeed" with NaN weights)
+    arg_row("learning_rate", math.inf, "inf", "finite"),
+    arg_row("learning_rate", math.nan, "nan", "finite"),
+    arg_row("weight_decay", math.inf, "inf", "finite"),
+    arg_row("adam_epsilon", math.nan, "nan", "finite"),
+    arg_row("max_grad_norm", math.nan, "nan", "finite"),
+    arg_row("warmup_steps", math.inf, "inf", "finite"),
     # --- TrainingArguments: names and combinations
     arg_row("eval_strategy", "sometimes", "'sometimes'", "'epoch'"),
     arg_row("lr_scheduler_type", "zigzag", "'zigzag'", "'cosine'"),
@@ -260,6 +400,9 @@ ROWS = [
                      )(RegressionModel()),
         ValueError, ("optimizers=(SGD, LambdaLR)", "another optimizer")),
     Row("callbacks-object", lambda out: fit(out, callbacks=[object()]), TypeError, ("callbacks", "object")),
+    Row("trackers-logging_dir-under-a-file",  # the user's notes.txt stands where TensorBoard's folder would go
+        lambda out: fit(out, args_kw=dict(report_to="tensorboard", logging_dir=os.path.join(out, "notes.txt", "tb"))),
+        ValueError, ("logging_dir=", "notes.txt is not a folder")),
     Row("callbacks-class-needing-arguments", lambda out: fit(out, callbacks=[NeedsArgs]),
         TypeError, ("callbacks", "NeedsArgs", "instance")),
     Row("metric-for-best-model-unobtainable",
@@ -328,8 +471,83 @@ ROWS = [
         CorruptCheckpointError, ("checkpoint-2", "rng_state.pth"), setup=with_checkpoint(truncate("rng_state.pth"))),
     Row("resume-crafted-pickle", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")), UnsafeCheckpointError,
         ("optimizer.pt", "builtins.print", "nothing in it was executed"), setup=with_checkpoint(evil("optimizer.pt"))),
+    Row("resume-manifest-a-list", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")), CorruptCheckpointError,
+        ("checkpoint-2", "checkpoint_manifest.json", "not a valid manifest"),
+        setup=with_checkpoint(rewrite_json("checkpoint_manifest.json", '[{"files": {}}]'))),
+    Row("resume-manifest-entry-wrong-type", lambda out: fit(out, resume=True), CorruptCheckpointError,
+        ("checkpoint-2", "checkpoint_manifest.json", "'model.safetensors'"),
+        setup=with_checkpoint(rewrite_json("checkpoint_manifest.json", '{"files": {"model.safetensors": [1, "x"]}}'))),
+    Row("resume-cadence-checkpoint-without-manifest", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")),
+        CorruptCheckpointError, ("checkpoint-2", "checkpoint_manifest.json is missing", "loop_state.json"),
+        setup=with_checkpoint(removed("checkpoint_manifest.json"))),
+    Row("resume-state-step-a-string", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")),
+        CorruptCheckpointError, ("checkpoint-2", "trainer_state.json", "global_step='2'"),
+        setup=with_checkpoint(state_field("global_step", "2"))),
+    Row("resume-state-history-not-a-list", lambda out: fit(out, resume=True), CorruptCheckpointError,
+        ("checkpoint-2", "trainer_state.json", "log_history={'loss': 1.0}", "a list of objects"),
+        setup=with_checkpoint(state_field("log_history", {"loss": 1.0}))),
+    Row("resume-crafted-pytorch-model-bin", lambda out: fit(out, resume=os.path.join(out, "checkpoint-2")),
+        UnsafeCheckpointError, ("pytorch_model.bin", "builtins.print", "nothing in it was executed"),
+        setup=with_checkpoint(evil_bin_weights)),
     Row("resume-weights-only-checkpoint", lambda out: fit(out, resume=True), ValueError,
         ("checkpoint-2", "optimizer.pt", "save_only_model"), setup=with_checkpoint(weights_only_checkpoint)),
+    # --- values deeper inside options: hp_space, fsdp_config, lr_scheduler_kwargs, optim_args (issue 20, item 12)
+    Row("hp-space-returns-a-string", search(lambda trial: "abc"), TypeError, ("hp_space returned 'abc'", "not a dict")),
+    Row("hp-space-returns-none", search(lambda trial: None), TypeError, ("hp_space returned 'None'", "not a dict")),
+    Row("hp-space-value-not-a-number", search(lambda trial: {"learning_rate": "abc"}), ValueError,
+        ("learning_rate='abc'", "a number")),
+    Row("fsdp-config-min-num-params-text", lambda out: fit(out, args_kw=dict(fsdp="full_shard",
+                                                                            fsdp_config={"min_num_params": "many"})),
+        ValueError, ("fsdp_config min_num_params='many'", "whole number")),
+    Row("fsdp-config-min-num-params-negative", lambda out: fit(out, args_kw=dict(fsdp="full_shard",
+                                                                                fsdp_config={"min_num_params": -5})),
+        ValueError, ("fsdp_config min_num_params=-5", "whole number >= 0")),
+    Row("fsdp-config-version-text", lambda out: fit(out, args_kw=dict(fsdp="full_shard", fsdp_config={"version": "two"})),
+        ValueError, ("fsdp_config version='two'", "whole number")),
+    Row("polynomial-power-text", lambda out: fit(out, args_kw=dict(lr_scheduler_type="polynomial",
+                                                                  lr_scheduler_kwargs={"power": "abc"})),
+        ValueError, ("lr_scheduler_kwargs power='abc'", "'polynomial'", "finite number")),
+    Row("polynomial-power-nan", lambda out: fit(out, args_kw=dict(lr_scheduler_type="polynomial",
+                                                                 lr_scheduler_kwargs={"power": math.nan})),
+        ValueError, ("lr_scheduler_kwargs power=nan", "finite number")),
+    Row("cosine-num-cycles-inf", lambda out: fit(out, args_kw=dict(lr_scheduler_type="cosine",
+                                                                  lr_scheduler_kwargs={"num_cycles": math.inf})),
+        ValueError, ("lr_scheduler_kwargs num_cycles=inf", "'cosine'")),
+    Row("optim-args-value-not-a-number", lambda out: fit(out, args_kw=dict(optim="sgd", optim_args="momentum=fast")),
+        ValueError, ("optim_args momentum='fast'", "optim='sgd'", "a finite number")),
+    Row("optim-args-bool-not-a-bool", lambda out: fit(out, args_kw=dict(optim="sgd", optim_args="nesterov=maybe")),
+        ValueError, ("optim_args nesterov='maybe'", "True or False")),
+    Row("optim-args-nan", lambda out: fit(out, args_kw=dict(optim="rmsprop", optim_args="alpha=nan")),
+        ValueError, ("optim_args alpha=nan", "optim='rmsprop'")),
+    Row("optim-args-entry-without-equals", lambda out: fit(out, args_kw=dict(optim="sgd", optim_args="momentum")),
+        ValueError, ("optim_args='momentum'", "key=value")),
+    # --- cadence plot (issue 20, item 11): what it cannot draw is named, and it writes nothing
+    plot_row("log-history-not-a-list", '{"log_history": {"loss": 1.0}}', [], "trainer_state.json", "log_history is dict"),
+    plot_row("trainer-state-not-an-object", "[1, 2]", [], "trainer_state.json", "not a readable"),
+    plot_row("out-unknown-extension", '{"log_history": [{"loss": 1.0, "step": 1}]}', ["{out}/curves.txt"],
+             "--out=", "curves.txt", "cannot write '.txt'"),
+    # --- cadence train: data files, flags, config files (issue 20, item 10)
+    cli_row("empty-file", ["--train_file", "{dir}/empty.csv"], "--train_file=", "empty.csv", "is empty"),
+    cli_row("header-only-csv", ["--train_file", "{dir}/header.csv"], "--train_file=", "header.csv", "no rows"),
+    cli_row("malformed-csv", ["--train_file", "{dir}/bad.csv"], "--train_file=", "bad.csv", "could not be read as a .csv"),
+    cli_row("malformed-jsonl", ["--train_file", "{dir}/bad.jsonl"], "--train_file=", "bad.jsonl",
+            "could not be read as a .jsonl"),
+    cli_row("malformed-validation-file", ["--validation_file", "{dir}/bad.csv"], "--validation_file=", "bad.csv"),
+    cli_row("blank-only-text", ["--train_file", "{dir}/blank.txt"], "--train_file=", "blank.txt", "only blank texts"),
+    cli_row("none-text", ["--train_file", "{dir}/none-cell.csv"], "--text_column='text'", "none-cell.csv",
+            "row 0 holds None"),
+    cli_row("block-size-negative", ["--block_size", "-5"], "--block_size=-5", ">= 1"),
+    cli_row("block-size-zero", ["--block_size", "0"], "--block_size=0", ">= 1"),
+    cli_row("block-size-beyond-positions", ["--block_size", "128"], "--block_size=128", "n_positions=64"),
+    cli_row("config-overrides-without-equals", ["--config_overrides", "n_layer"], "--config_overrides='n_layer'",
+            "key=value"),
+    cli_row("config-overrides-unknown-key", ["--config_overrides", "n_layr=2"], "--config_overrides='n_layr=2'",
+            "n_layr"),
+    cli_row("config-file-list", ["{dir}/list.yaml"], "list.yaml", "holds a list"),
+    cli_row("config-file-empty-yaml", ["{dir}/empty.yaml"], "empty.yaml", "holds nothing"),
+    cli_row("config-file-malformed-yaml", ["{dir}/bad.yaml"], "bad.yaml", "not valid YAML"),
+    cli_row("config-file-malformed-json", ["{dir}/bad.json"], "bad.json", "not valid JSON"),
+    cli_row("config-file-without-model", ["{dir}/no-model.yaml"], "no-model.yaml", "'model'"),
     Row("resume-weights-of-another-model", lambda out: fit(out, model=Classifier(), train_dataset=ClassDataset(8),
                                                             resume=True),
         ValueError, ("do not fit Classifier", "missing"), setup=with_checkpoint()),

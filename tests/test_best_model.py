@@ -117,7 +117,7 @@ def test_load_model_weights_refuses_a_mismatch(tmp_path):
     assert model.a.item() == 1.0
     with pytest.raises(ValueError, match="missing.*'lin.weight'"):
         load_model_weights(_Lin(), tmp_path)
-    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+    with pytest.raises(FileNotFoundError, match="has no weights: none of model.safetensors"):
         load_model_weights(model, tmp_path / "nowhere")
 
 

@@ -187,3 +187,71 @@ def test_train_flags_reach_training_arguments(tmp_path):
     assert (script.model, script.task, script.text_column) == ("m", "causal-lm", "text")
     assert args.num_train_epochs == 2 and args.eval_steps == 5
     assert args.report_to == ["jsonl"]  # cadence train keeps a history for cadence plot by default
+
+
+@pytest.mark.slow
+def test_train_stopped_by_sigterm_exits_143_keeps_its_checkpoint_and_writes_no_final_model(tmp_path, model_folder, text_files):
+    """A scheduler's SIGTERM with --enable_jit_checkpoint: checkpoint-N is saved, the exit status is 128 + 15 (so a
+    requeueing scheduler starts the job again), and the partly trained model is not written as the final one;
+    the requeued command with --resume_from_checkpoint true continues from checkpoint-N."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    flags = ["--model", str(model_folder), "--train_file", text_files[0], "--block_size", "16", "--output_dir", str(out),
+             "--per_device_train_batch_size", "4", "--logging_steps", "1", "--save_strategy", "no", "--use_cpu",
+             "--disable_tqdm", "true", "--seed", "0", "--enable_jit_checkpoint"]
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": src}
+    proc = subprocess.Popen([sys.executable, "-m", "cadence", "train", *flags, "--max_steps", "1000000"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    history, deadline = out / "log_history.jsonl", time.monotonic() + 240
+    while not (history.is_file() and '"loss"' in history.read_text()):  # training has begun (rows reach it within 1 s)
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    checkpoints = [name for name in os.listdir(out) if name.startswith("checkpoint-")]
+    assert len(checkpoints) == 1 and sorted(os.listdir(out)) == [checkpoints[0], "log_history.jsonl"]  # nothing final
+    step = int(checkpoints[0].split("-")[1])
+    assert f"interrupted by SIGTERM at step {step}: {checkpoints[0]} is saved" in err and "Traceback" not in err
+    # the requeued job: `true` is the newest checkpoint (not a folder named "true"); two more steps, then final outputs
+    assert main(["train", *flags, "--max_steps", str(step + 2), "--resume_from_checkpoint", "true"]) == 0
+    state = json.load(open(out / "trainer_state.json"))
+    assert state["global_step"] == step + 2 and state["log_history"][0]["step"] == 1  # the interrupted run's rows too
+    assert (out / "model.safetensors").is_file() and (out / "all_results.json").is_file()
+
+
+@pytest.mark.parametrize("value, expected", [(None, None), ("true", True), ("True", True), ("1", True), ("yes", True),
+                                             ("false", None), ("0", None), ("ckpt", "ckpt")])
+def test_resume_from_checkpoint_words_mean_what_hf_argument_parser_bools_mean(value, expected):
+    from cadence.cli_train import resume_argument
+
+    assert resume_argument(value) == expected
+
+
+def test_a_yaml_config_reads_text_values_as_the_flags_do(tmp_path):
+    """YAML reads 1e-3 as text (its floats need a dot) and "no" in quotes as text: both mean what the flag means."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f'model: m\ntrain_file: t.txt\noutput_dir: {tmp_path}\nlearning_rate: 1e-3\nbf16: "no"\n'
+                      'overwrite_output_dir: "false"\nseed: "7"\n')
+    _, from_file = parse([str(config)])
+    _, from_flags = parse(["--model", "m", "--train_file", "t.txt", "--output_dir", str(tmp_path), "--learning_rate",
+                           "1e-3", "--bf16", "no", "--overwrite_output_dir", "false", "--seed", "7"])
+    assert (from_file.learning_rate, from_file.bf16, from_file.overwrite_output_dir, from_file.seed) == (1e-3, False, False, 7)
+    assert from_file.to_dict() == from_flags.to_dict()
+
+
+def test_resume_from_checkpoint_true_continues_from_the_newest_checkpoint(tmp_path, model_folder, text_files):
+    out = str(tmp_path / "run")
+    flags = ["train", "--model", str(model_folder), "--train_file", text_files[0], "--block_size", "16",
+             "--output_dir", out, *COMMON[2:]]  # COMMON without its --max_steps
+    assert main([*flags, "--max_steps", "3"]) == 0  # saves checkpoint-3 (save_steps 3)
+    first = json.load(open(os.path.join(out, "trainer_state.json")))["log_history"]
+    assert main([*flags, "--max_steps", "5", "--resume_from_checkpoint", "true"]) == 0
+    history = json.load(open(os.path.join(out, "trainer_state.json")))["log_history"]
+    assert [h["step"] for h in history if "loss" in h] == [1, 2, 3, 4, 5]  # steps 1-3 come from checkpoint-3, 4-5 were trained now
+    assert [h["loss"] for h in history[:3]] == [h["loss"] for h in first[:3]]

@@ -195,6 +195,28 @@ def test_nonfinite_count_survives_a_resume(tmp_path):
     assert out.training_loss == pytest.approx((losses[1] + losses[2] + losses[3] + losses[5]) / 4, rel=1e-12)
 
 
+def test_the_runs_nonfinite_count_in_a_checkpoint_is_restored(tmp_path):
+    """A checkpoint whose run-wide count is not zero (a NaN step already logged): the resumed run's
+    train_nonfinite_losses and train_loss count it (the test above saves only an interval's count)."""
+    import json
+    import os
+
+    from tiny import stop_at
+
+    _, clean = nan_run(str(tmp_path / "clean"), (), max_steps=6, logging_steps=1)
+    losses = [h["loss"] for h in clean]
+    out_dir = str(tmp_path / "run")
+    args = make_args(out_dir, per_device_train_batch_size=4, learning_rate=0.05, optim="sgd", lr_scheduler_type="constant",
+                     seed=3, max_steps=6, logging_steps=1, save_strategy="steps", save_steps=2)
+    Trainer(NaNOnCalls((1,)), args, train_dataset=RegressionDataset(48), callbacks=[stop_at(2)]).train()
+    with open(os.path.join(out_dir, "checkpoint-2", "loop_state.json")) as f:
+        assert json.load(f)["nonfinite_total"] == 1  # step 1's NaN, logged before the save
+    out = Trainer(NaNOnCalls((2,)), args, train_dataset=RegressionDataset(48)).train(resume_from_checkpoint=True)
+    # NaN at steps 1 and 4 (the resumed run's second call): the run's finite steps are 2, 3, 5 and 6
+    assert out.metrics["train_nonfinite_losses"] == 2
+    assert out.training_loss == pytest.approx((losses[1] + losses[2] + losses[4] + losses[5]) / 4, rel=1e-12)
+
+
 def test_all_nan_run_reports_nan_and_why(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="cadence"):
         out, logs = nan_run(str(tmp_path), range(1, 100), max_steps=4, logging_steps=2)

@@ -52,6 +52,43 @@ def needs(package):
     return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=f"{package} is not installed")
 
 
+def hostile_logs():
+    """One log of what trackers have stumbled on: numpy scalars and a one-element tensor (numbers), an int beyond
+    float64, an object JSON cannot write, a key that is not a string, a name MLflow refuses, a text."""
+    import numpy as np
+    import torch
+
+    return {"np_float": np.float32(0.5), "np_int": np.int64(3), "tensor": torch.tensor([1.5]), "huge": 10**400,
+            "obj": object(), 5: 1.0, "name//x": 2.0, "note": "text"}
+
+
+HOSTILE_STEPS = (2, 3)  # logged twice: each skipped key is warned about once
+# what a tracker that keeps floats, texts and any name (W&B, Trackio) holds for them
+HOSTILE_AS_NUMBERS = {"np_float": 0.5, "np_int": 3, "tensor": 1.5, "huge": float("inf"), "name//x": 2.0, "note": "text"}
+
+
+def hostile_run(out_dir, report_to, caplog, **kw):
+    """A run that logs ``hostile_logs()`` through ``Trainer.log`` at HOSTILE_STEPS; returns (trainer, {tracker:
+    [keys warned about, in order]}) after checking that no tracker failed (no error logged)."""
+
+    class LogHostile(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in HOSTILE_STEPS:
+                trainer.log(hostile_logs())
+
+    # no checkpoints: trainer_state.json (json.dumps of state.log_history) cannot hold these values either
+    trainer = make_trainer(out_dir, report_to, callbacks=[LogHostile()], save_strategy="no", **kw)
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        trainer.train()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("cadence")]
+    assert errors == []  # no tracker switched off
+    warned = {}
+    for record in caplog.records:
+        if "cannot take the logged" in record.getMessage():
+            warned.setdefault(record.args[0], []).append(record.args[1])
+    return trainer, warned
+
+
 # ----------------------------------------------------------------------------------------- registry
 
 
@@ -114,6 +151,26 @@ def test_trackers_close_their_files_when_training_ends(out_dir):
     written = glob.glob(os.path.join(out_dir, "runs", "*", "events.out.tfevents.*")) + glob.glob(f"{out_dir}/*.jsonl")
     assert len(written) == 2
     assert open_here() == []
+    trainer.evaluate()  # after training: the trackers reopen their run for the log, and close it again
+    assert open_here() == []
+    trainer.log({"note_after": 1.0})
+    assert open_here() == []
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))  # the same run
+    assert read_scalars(folder)[1]["eval/loss"][STEPS] == pytest.approx(trainer.state.log_history[-2]["eval_loss"])
+    assert read_log_history(os.path.join(out_dir, "log_history.jsonl")) == trainer.state.log_history
+
+
+@needs("tensorboard")
+def test_an_evaluate_before_training_belongs_to_the_training_run(out_dir):
+    trainer = make_trainer(out_dir, ["jsonl", "tensorboard"])
+    trainer.evaluate()  # step 0: opens the run, writes, closes it
+    trainer.train()  # continues that run: one folder, the step-0 evaluation in it
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))
+    _, _, steps = read_scalars(folder)
+    assert steps["eval/loss"] == [0, SAVE, STEPS] and steps["train/loss"] == list(range(1, STEPS + 1))
+    history = read_log_history(os.path.join(out_dir, "log_history.jsonl"))
+    assert history[1:] == trainer.state.log_history  # train() starts a new state.log_history; the file keeps both
+    assert history[0]["step"] == 0 and "eval_loss" in history[0]
 
 
 def test_jsonl_lines_are_json_dumps_of_each_row():
@@ -207,12 +264,101 @@ def test_jsonl_resumed_run_appends_and_reads_as_one_run(out_dir, tmp_path):
     path = os.path.join(out_dir, "log_history.jsonl")
     with open(path) as f:
         raw = [json.loads(line) for line in f]
-    # never rewritten: the interrupted run's rows stay first in the file, the resumed run's follow
-    assert raw[: len(first.state.log_history)] == first.state.log_history
-    assert [r["step"] for r in raw if "loss" in r] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+    # the interrupted run's rows up to checkpoint-4 stay, its rows of steps 5 and 6 are cut, the resumed run's follow
+    assert [r["step"] for r in first.state.log_history if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert raw[:5] == first.state.log_history[:5]  # steps 1-4 and the evaluation at 4
+    assert [r["step"] for r in raw if "loss" in r] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert raw == resumed.state.log_history
     history = read_log_history(path)
     assert history == resumed.state.log_history  # the checkpoint's history plus the resumed steps
     assert losses(history) == losses(unbroken.state.log_history)  # exact resume: bit-identical losses
+
+
+class CrashAt(TrainerCallback):
+    """Raises at the end of optimizer step ``step`` (before that step's log): the run crashes with step - 1 logged."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise RuntimeError("power cut")
+
+
+def test_jsonl_after_a_crash_and_resume_holds_each_step_once(out_dir, tmp_path):
+    """Crashed with step 5 logged (and a row cut short, as a kill mid-write leaves it), resumed from
+    checkpoint-4: the file holds each step once, the resumed run's, as does read_log_history (cadence plot)."""
+    unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
+    unbroken.train()
+    with pytest.raises(Exception, match="power cut"):
+        make_trainer(out_dir, "jsonl", callbacks=[CrashAt(SAVE + 2)]).train()
+    path = os.path.join(out_dir, "log_history.jsonl")
+    assert [r["step"] for r in read_log_history(path) if "loss" in r] == [1, 2, 3, 4, 5]
+    with open(path, "ab") as f:
+        f.write(b'{"loss": 9.5, "grad_n')
+    resumed = make_trainer(out_dir, "jsonl")
+    resumed.train(resume_from_checkpoint=os.path.join(out_dir, f"checkpoint-{SAVE}"))
+    with open(path) as f:
+        raw = [json.loads(line) for line in f]
+    assert raw == resumed.state.log_history
+    history = read_log_history(path)
+    assert [r["step"] for r in history if "loss" in r] == list(range(1, STEPS + 1))
+    assert losses(history) == losses(unbroken.state.log_history)
+
+
+def test_jsonl_drop_rows_after_reads_the_tail_block_by_block(tmp_path):
+    """drop_rows_after reads the file backwards a block at a time; the reference reads it whole and walks its
+    lines from the end. Random files (rows at random steps, a last line cut short or not, empty lines at the
+    end), random steps, blocks from 1 byte up."""
+    import math
+    import random
+
+    from cadence.integrations.jsonl import drop_rows_after
+
+    def reference(data, step):
+        lines = data.split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()  # a final newline ends the last line
+        starts = [sum(len(line) + 1 for line in lines[:i]) for i in range(len(lines))]
+        cut, cut_lines = len(data), 0
+        for start, line in zip(reversed(starts), reversed(lines)):
+            try:
+                row_step = json.loads(line)["step"]
+            except (ValueError, KeyError):
+                row_step = math.inf
+            if row_step <= step:
+                break
+            cut, cut_lines = start, cut_lines + 1
+        return data[:cut], cut_lines
+
+    rng, path = random.Random(0), tmp_path / "log_history.jsonl"
+    for _ in range(500):
+        rows = [json.dumps({"loss": rng.random(), "step": rng.randint(0, 9), "t": "x" * rng.randint(0, 30)}).encode()
+                for _ in range(rng.randint(0, 8))]
+        data = b"\n".join(rows) + (b"\n" if rows and rng.random() < 0.7 else b"")
+        data += rng.choice([b"", b"", b'{"loss": 1.0, "st', b"\n\n"])
+        path.write_bytes(data)
+        step, block = rng.randint(0, 9), rng.choice([1, 2, 3, 7, 16, 1 << 16])
+        expected, cut_lines = reference(data, step)
+        assert drop_rows_after(path, step, block=block) == cut_lines
+        assert path.read_bytes() == expected, (data, step, block)
+
+
+def test_jsonl_writes_numbers_and_leaves_out_what_json_cannot_write(out_dir, caplog):
+    trainer, warned = hostile_run(out_dir, "jsonl", caplog)
+    assert warned == {"jsonl": ["obj"]}  # once, though logged twice
+    path = os.path.join(out_dir, "log_history.jsonl")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    expected = []
+    for row in trainer.state.log_history:  # every row kept; the odd ones as JSON has them
+        if "obj" in row:
+            row = {**{k: v for k, v in row.items() if k != "obj" and k != 5}, "np_float": 0.5, "np_int": 3,
+                   "tensor": 1.5, "5": 1.0}
+        expected.append(row)
+    assert rows == expected
+    hostile = [r for r in rows if "note" in r]
+    assert [r["step"] for r in hostile] == list(HOSTILE_STEPS) and hostile[0]["huge"] == 10**400  # JSON keeps the int
 
 
 # ----------------------------------------------------------------------------------------- tensorboard
@@ -287,7 +433,7 @@ def test_tensorboard_scalar_events_are_the_bytes_protobuf_writes(step):
     """cadence builds a log's scalar event itself (a third of protobuf's time); protobuf, serializing the same
     Event, is the reference, byte for byte: float32 rounding, overflow to infinity, NaN, ints and bools,
     numpy scalars (which transformers drops), non-ASCII and long tags, varint lengths and steps, step 0 left out;
-    a log with text and one without (the fast path)."""
+    the fast path (one struct.pack) and the value-by-value one (an overflow). A text or a non-number raises."""
     import math
 
     from tensorboard.compat.proto.event_pb2 import Event
@@ -300,12 +446,69 @@ def test_tensorboard_scalar_events_are_the_bytes_protobuf_writes(step):
 
     values = [0.0, -0.0, 1e-3, 1 / 3, -2.5, 3.4028235e38, 3.5e38, -1e39, 1e300, math.inf, -math.inf, math.nan, True,
               7, -3, 2**40, 1e-46, 5e-324, np.float32(0.1), np.int64(-4), np.float64(1e39)]
-    for value in values:
-        for logs in ({"loss": value, "eval_précision": 0.5, "note": "text is not a scalar", "a" * 200: 2},
-                     {"loss": value, "eval_précision": 0.5, "a" * 200: 2}):
+    for value in values + [2**1100, -(2**1100)]:  # ints beyond float64 too: infinity (protobuf cannot take them)
+        for logs in ({"loss": value, "eval_précision": 0.5, "a" * 200: 2}, {"loss": value}):
             expected = Event(wall_time=1733050000.123456, step=step, summary=Summary(value=[
-                Summary.Value(tag=metric_name(k), simple_value=float(v)) for k, v in logs.items() if not isinstance(v, str)]))
+                Summary.Value(tag=metric_name(k), simple_value=(math.inf if v > 0 else -math.inf) if type(v) is int and abs(v) > 2**1024 else float(v))
+                for k, v in logs.items()]))
             assert scalars_event(1733050000.123456, step, logs) == expected.SerializeToString(), value
+    for bad in ({"loss": 1.0, "note": "a text is an event of its own"}, {"loss": None}, {5: 1.0}):
+        with pytest.raises(Exception):  # not a number, not a name: the callback sorts the log out (a warning)
+            scalars_event(1733050000.123456, step, bad)
+
+
+@needs("tensorboard")
+def test_tensorboard_writes_numbers_and_texts_and_leaves_out_the_rest(out_dir, caplog):
+    trainer, warned = hostile_run(out_dir, "tensorboard", caplog)
+    assert warned == {"tensorboard": ["obj", 5]}
+    (folder,) = glob.glob(os.path.join(out_dir, "runs", "*"))
+    acc, scalars, _ = read_scalars(folder)
+    assert scalars["train/loss"] == pytest.approx(losses(trainer.state.log_history), rel=1e-6)  # no row lost
+    at = dict.fromkeys(HOSTILE_STEPS)
+    assert scalars["train/np_float"] == {s: 0.5 for s in at} and scalars["train/np_int"] == {s: 3.0 for s in at}
+    assert scalars["train/tensor"] == {s: 1.5 for s in at} and scalars["train/name//x"] == {s: 2.0 for s in at}
+    assert scalars["train/huge"] == {s: float("inf") for s in at}  # beyond float32: infinity, as protobuf has it
+    notes = acc.Tensors("train/note/text_summary")
+    assert [(e.step, e.tensor_proto.string_val[0]) for e in notes] == [(s, b"text") for s in at]
+
+
+@needs("tensorboard")
+def test_unwritable_logging_dir_is_refused_when_the_trainer_is_built(out_dir, tmp_path, monkeypatch):
+    """As transformers (whose SummaryWriter raises at on_train_begin), but before anything is written and naming
+    the folder: a folder under a file, a read-only folder, $TENSORBOARD_LOGGING_DIR."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match=rf"logging_dir='{blocker}/tb' cannot be written \({blocker} is not a folder"):
+        make_trainer(out_dir, "tensorboard", logging_dir=str(blocker / "tb"))
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(blocker / "tb2"))
+    with pytest.raises(ValueError, match=r"\$TENSORBOARD_LOGGING_DIR=.*tb2' cannot be written"):
+        make_trainer(out_dir, "tensorboard")
+    make_trainer(out_dir, "jsonl")  # a run without TensorBoard does not care
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR")
+    if os.geteuid() != 0:  # root writes into read-only folders
+        read_only = tmp_path / "read_only"
+        read_only.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match=rf"{read_only} is not writable"):
+            make_trainer(out_dir, "tensorboard", logging_dir=str(read_only / "runs"))
+    assert not os.path.exists(out_dir)  # nothing written
+
+
+@needs("tensorboard")
+@pytest.mark.slow  # importing transformers' Trainer
+def test_transformers_refuses_an_unwritable_tensorboard_folder_too(tmp_path, monkeypatch):
+    """The reference for the test above: transformers 5 (whose folder is $TENSORBOARD_LOGGING_DIR) raises when
+    training starts, before a step, as its SummaryWriter cannot make the folder."""
+    import transformers
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(blocker / "tb"))
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="tensorboard", max_steps=2,
+                                             use_cpu=True, disable_tqdm=True)
+    hf = transformers.Trainer(RegressionModel(), hf_args, train_dataset=RegressionDataset())
+    with pytest.raises(OSError):
+        hf.train()
+    assert hf.state.global_step == 0
 
 
 @needs("tensorboard")
@@ -368,8 +571,8 @@ def test_failing_tracker_is_switched_off_and_training_finishes(out_dir, caplog):
 @needs("tensorboard")
 def test_tracker_that_cannot_start_leaves_the_others_running(out_dir, tmp_path, caplog):
     blocker = tmp_path / "a_file"
-    blocker.write_text("not a folder")
     trainer = make_trainer(out_dir, ["tensorboard", "jsonl"], logging_dir=str(blocker / "tb"))
+    blocker.write_text("not a folder")  # after the Trainer checked the folder: TensorBoard fails when it starts
     with caplog.at_level(logging.ERROR, logger="cadence"):
         trainer.train()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
@@ -436,22 +639,53 @@ def test_mlflow_params_metrics_and_status(out_dir, mlflow_store):
 
 @needs("mlflow")
 @pytest.mark.slow
-def test_mlflow_run_is_failed_on_an_error_and_resumed_into_the_same_run(out_dir, mlflow_store):
-    class Crash(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 6:
-                raise RuntimeError("power cut")
-
+def test_mlflow_run_is_failed_on_an_error_and_resumed_with_each_step_once(out_dir, mlflow_store, tmp_path):
+    """Crashed with step 5 logged, resumed from checkpoint-4: the run goes on in a copy up to step 4 (same name,
+    parameters, tags, metrics), the crashed run is deleted (restorable); each step once, the resumed run's values."""
+    unbroken = make_trainer(str(tmp_path / "unbroken"), "none")
+    unbroken.train()
     with pytest.raises(Exception, match="power cut"):
-        make_trainer(out_dir, "mlflow", callbacks=[Crash()]).train()
-    run = only_run(mlflow_store)
-    assert run.info.status == "FAILED"  # ended, not left running
-    resumed = make_trainer(out_dir, "mlflow")
+        make_trainer(out_dir, "mlflow", run_name="r1", callbacks=[CrashAt(SAVE + 2)]).train()
+    crashed = only_run(mlflow_store)
+    assert crashed.info.status == "FAILED"  # ended, not left running
+    assert [m.step for m in mlflow_store.get_metric_history(crashed.info.run_id, "loss")] == [1, 2, 3, 4, 5]
+    resumed = make_trainer(out_dir, "mlflow", run_name="r1")
     resumed.train(resume_from_checkpoint=True)  # checkpoint-4
-    run = only_run(mlflow_store)  # still one run: the same one, reopened
-    assert run.info.status == "FINISHED"
-    steps = [m.step for m in mlflow_store.get_metric_history(run.info.run_id, "loss")]
-    assert sorted(set(steps)) == list(range(1, STEPS + 1))  # 5 and 6 twice: the crashed run's and the resumed run's
+    run = only_run(mlflow_store)  # one run
+    assert run.info.status == "FINISHED" and run.info.run_name == "r1"
+    assert run.data.tags["cadence.resumed_from_run_id"] == crashed.info.run_id
+    assert run.data.params == crashed.data.params
+    history = mlflow_store.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(1, STEPS + 1))
+    assert {m.step: m.value for m in history} == losses(unbroken.state.log_history)  # exact resume, float64
+    evals = mlflow_store.get_metric_history(run.info.run_id, "eval_loss")
+    assert [m.step for m in evals] == [SAVE, STEPS]
+    assert mlflow_store.get_run(crashed.info.run_id).info.lifecycle_stage == "deleted"
+    # a run stopped at its checkpoint holds nothing after it: resuming reopens that very run
+    again = make_trainer(str(tmp_path / "again"), "mlflow", callbacks=[stop_at(SAVE)])
+    again.train()
+    first_id = next(cb.run_id for cb in again.callback_handler.callbacks if type(cb).__name__ == "MLflowCallback")
+    make_trainer(str(tmp_path / "again"), "mlflow").train(resume_from_checkpoint=True)
+    ids = {r.info.run_id for r in mlflow_store.search_runs([run.info.experiment_id])}
+    assert first_id in ids and len(ids) == 2
+
+
+@needs("mlflow")
+@pytest.mark.slow
+def test_mlflow_logs_numbers_and_leaves_out_what_it_cannot_take(out_dir, mlflow_store, caplog):
+    trainer, warned = hostile_run(out_dir, "mlflow", caplog)
+    assert warned == {"mlflow": ["obj", 5, "name//x", "note"]}  # each once, though logged twice
+    run = only_run(mlflow_store)
+    assert run.info.status == "FINISHED"  # not switched off, not FAILED
+
+    def history(key):
+        return {m.step: m.value for m in mlflow_store.get_metric_history(run.info.run_id, key)}
+
+    assert history("loss") == losses(trainer.state.log_history)  # no row lost
+    at = dict.fromkeys(HOSTILE_STEPS)
+    assert history("np_float") == {s: 0.5 for s in at} and history("np_int") == {s: 3.0 for s in at}
+    assert history("tensor") == {s: 1.5 for s in at}
+    assert history("huge") == {s: sys.float_info.max for s in at}  # infinity, as MLflow's SQL store keeps it
 
 
 @needs("mlflow")
@@ -593,6 +827,19 @@ def test_wandb_offline_run_file(out_dir, wandb_offline, monkeypatch):
 
 @needs("wandb")
 @pytest.mark.slow
+def test_wandb_logs_numbers_and_leaves_out_what_it_cannot_take(out_dir, wandb_offline, caplog):
+    trainer, warned = hostile_run(out_dir, "wandb", caplog)
+    assert warned == {"wandb": ["obj", 5]}
+    (path,) = glob.glob(str(wandb_offline / "wandb" / "offline-run-*" / "run-*.wandb"))
+    _, rows, _, _ = wandb_history([path])
+    assert {s: r["train/loss"] for s, r in rows.items() if "train/loss" in r} == losses(trainer.state.log_history)
+    for step in HOSTILE_STEPS:
+        got = {k: rows[step][f"train/{k}"] for k in ("np_float", "np_int", "tensor", "huge", "name//x", "note")}
+        assert got == HOSTILE_AS_NUMBERS
+
+
+@needs("wandb")
+@pytest.mark.slow
 def test_wandb_resume_continues_the_same_run(out_dir, wandb_offline):
     interrupted_then_resumed(out_dir, "wandb")
     paths = sorted(glob.glob(str(wandb_offline / "wandb" / "offline-run-*" / "run-*.wandb")))
@@ -625,3 +872,112 @@ def test_trackio_local_store_and_resume(out_dir, trackio_store, tmp_path):
         if "train/loss" in row:
             loss[row["step"]] = row["train/loss"]  # the resumed run's value is the later row
     assert loss == losses(unbroken.state.log_history)
+
+
+@needs("trackio")
+@pytest.mark.slow
+def test_trackio_logs_numbers_and_leaves_out_what_it_cannot_take(out_dir, trackio_store, caplog):
+    trainer, warned = hostile_run(out_dir, "trackio", caplog, project="cadence-test", run_name="r1")
+    assert warned == {"trackio": ["obj", 5]}
+    logs = trackio_store.get_logs("cadence-test", "r1")
+    assert {r["step"]: r["train/loss"] for r in logs if "train/loss" in r} == losses(trainer.state.log_history)
+    hostile = [r for r in logs if "train/note" in r]
+    assert [r["step"] for r in hostile] == list(HOSTILE_STEPS)
+    for row in hostile:  # Trackio itself drops tensors and ints beyond 64 bits
+        got = {k: row[f"train/{k}"] for k in ("np_float", "np_int", "tensor", "huge", "name//x", "note")}
+        assert got == HOSTILE_AS_NUMBERS
+
+
+# ----------------------------------------------------------------------------------------- integration_utils
+
+
+INTEGRATION_UTILS_NAMES = [
+    "TensorBoardCallback", "MLflowCallback", "WandbCallback", "TrackioCallback", "INTEGRATION_TO_CALLBACK",
+    "get_reporting_integration_callbacks", "get_available_reporting_integrations", "rewrite_logs", "default_logdir",
+] + [f"is_{n}_available" for n in ("tensorboard", "mlflow", "wandb", "trackio", "comet", "clearml", "codecarbon",
+                                   "dvclive", "swanlab", "kubeflow", "azureml", "dagshub", "neptune", "flytekit")]
+
+
+def test_integration_utils_reexports_the_trackers():
+    """``cadence.integrations.integration_utils`` re-exports the trackers under transformers' names; importing it,
+    and naming a callback, imports no tracker package (a fresh interpreter shows it)."""
+    import subprocess
+
+    from cadence.integrations import integration_utils as ours
+    from cadence.integrations.mlflow import MLflowCallback
+    from cadence.integrations.tensorboard import TensorBoardCallback
+
+    for name in INTEGRATION_UTILS_NAMES:
+        assert hasattr(ours, name), name
+    assert ours.TensorBoardCallback is TensorBoardCallback and ours.MLflowCallback is MLflowCallback
+    assert ours.INTEGRATION_TO_CALLBACK["tensorboard"] is TensorBoardCallback
+    assert ours.get_reporting_integration_callbacks(["jsonl", "tensorboard"])[1] is TensorBoardCallback
+    assert ours.get_available_reporting_integrations() == registry.available_integrations()
+    assert ours.is_tensorboard_available() is (importlib.util.find_spec("tensorboard") is not None)
+    assert ours.is_neptune_available() is False  # a tracker cadence does not have is never available here
+    with pytest.raises(AttributeError):
+        ours.NoSuchCallback
+    code = ("import sys; from cadence.integrations.integration_utils import MLflowCallback, WandbCallback, "
+            "TensorBoardCallback, TrackioCallback, is_mlflow_available; is_mlflow_available(); "
+            "print(sorted(m for m in ('mlflow', 'wandb', 'tensorboard', 'trackio') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow  # importing transformers' integrations
+def test_integration_utils_names_are_transformers_names():
+    import transformers.integrations.integration_utils as hf
+
+    from cadence.integrations import integration_utils as ours
+
+    for name in INTEGRATION_UTILS_NAMES:
+        assert hasattr(hf, name), name
+    assert ours.rewrite_logs({"eval_loss": 1.0, "loss": 2.0}) == hf.rewrite_logs({"eval_loss": 1.0, "loss": 2.0})
+
+
+def test_checkpoints_keep_a_log_json_cannot_write_as_it_is(out_dir):
+    """trainer_state.json holds a log with numpy scalars, a tensor, an object and an int key (transformers' json.dumps
+    raises at the next checkpoint): numbers as numbers, the rest as text, and resume reads it back."""
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+
+    from cadence import TrainerState
+
+    class LogOdd(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                trainer.log({"np_float": np.float32(0.5), "tensor": torch.tensor([1.5]), "obj": object(), 5: 1.0})
+
+    trainer = make_trainer(out_dir, "none", callbacks=[LogOdd()], save_strategy="steps")
+    trainer.train()
+    state_file = Path(out_dir, f"checkpoint-{SAVE}", "trainer_state.json")
+    saved = json.loads(state_file.read_text())
+    row = next(r for r in saved["log_history"] if "np_float" in r)
+    assert row["np_float"] == 0.5 and row["tensor"] == 1.5 and row["5"] == 1.0
+    assert row["obj"].startswith("<object object at")
+    assert TrainerState.load_from_json(str(state_file)).global_step == SAVE
+
+
+@needs("wandb")
+@pytest.mark.slow
+def test_wandb_uploads_no_final_model_when_training_was_interrupted(out_dir, wandb_offline, monkeypatch):
+    import signal
+
+    from test_crash import Signal
+
+    monkeypatch.setenv("WANDB_LOG_MODEL", "end")
+    trainer = make_trainer(out_dir, "wandb", callbacks=[Signal(2, signal.SIGUSR1)], save_strategy="no",
+                           enable_jit_checkpoint=True)
+    trainer.train()
+    assert trainer.state.interrupted and trainer.state.global_step == 2
+    (path,) = glob.glob(str(wandb_offline / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert wandb_history([path])[3] == []  # the finished run below does upload: the reader sees artifacts
+    wandb_offline_dir = wandb_offline / "wandb"
+    for run in wandb_offline_dir.glob("offline-run-*"):
+        run.rename(run.with_name("done-" + run.name))
+    make_trainer(out_dir + "-full", "wandb", save_strategy="no").train()
+    (path,) = glob.glob(str(wandb_offline_dir / "offline-run-*" / "run-*.wandb"))
+    assert [kind for kind, _ in wandb_history([path])[3]] == ["model"]

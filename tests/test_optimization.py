@@ -465,7 +465,7 @@ def test_parse_optim_args_values():
 @pytest.mark.parametrize("bad", ["momentum", "a=1,b", "a=1=2", "=3"])
 def test_parse_optim_args_errors_name_the_entry(bad):
     entry = bad.split(",")[-1]
-    with pytest.raises(ValueError, match=f"Malformed optim_args entry '{entry}'"):
+    with pytest.raises(ValueError, match=f"optim_args={bad!r} is invalid: the entry '{entry}' is not key=value"):
         co.parse_optim_args(bad)
 
 

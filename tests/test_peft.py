@@ -103,7 +103,8 @@ def test_resume_refuses_a_checkpoint_without_its_adapter(tmp_path):
     os.remove(os.path.join(folder, "adapter_model.safetensors"))
     with pytest.raises(ValueError, match="adapter_model.safetensors"):  # the manifest names the missing file
         run(out, resume=folder)
-    os.remove(os.path.join(folder, "checkpoint_manifest.json"))  # a checkpoint without checksums (transformers')
+    for name in ("checkpoint_manifest.json", "loop_state.json"):  # a checkpoint without checksums (transformers')
+        os.remove(os.path.join(folder, name))
     with pytest.raises(FileNotFoundError, match="no adapter_model.safetensors for adapter 'default'"):
         run(out, resume=folder)
 
@@ -190,3 +191,35 @@ def test_cadence_resumes_a_transformers_lora_checkpoint(tmp_path):
     theirs, ours = adapter(hf.model), adapter(cd.model)
     for k in ours:  # the same tolerance as the unbroken parity above (3 steps on each side of the checkpoint)
         assert torch.allclose(ours[k], theirs[k], atol=1e-5, rtol=1e-4), k
+
+
+def two_adapters(seed=3):
+    """LoRA adapters "default" (active: trains) and "second" (frozen; lora_B filled with 0.25, unlike a fresh one's
+    zeros), so that each adapter's saved tensors differ from the other's and from a fresh model's."""
+    model = lora(seed=seed)
+    model.add_adapter("second", peft.LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, lora_dropout=0.0,
+                                                target_modules=["c_attn"], fan_in_fan_out=True))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B.second" in name:
+                p.fill_(0.25)
+    return model
+
+
+def named_adapter(model, name):
+    return {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(model, adapter_name=name).items()}
+
+
+def test_resume_restores_each_adapter_of_a_multi_adapter_model_into_its_own_name(tmp_path):
+    full = run(str(tmp_path / "full"), two_adapters())
+    out = str(tmp_path / "run")
+    run(out, two_adapters(), stop=3)
+    assert os.path.isfile(os.path.join(out, "checkpoint-3", "second", "adapter_model.safetensors"))
+    resumed = run(out, two_adapters(), resume=True)
+    for name in ("default", "second"):
+        a, b = named_adapter(full.model, name), named_adapter(resumed.model, name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    # independent reference: "second" never trained (not active), so it is its 0.25-filled lora_B, and "default" trained
+    second, default = named_adapter(resumed.model, "second"), named_adapter(resumed.model, "default")
+    assert all(torch.all(v == 0.25) for k, v in second.items() if "lora_B" in k)
+    assert all(v.abs().max() > 1e-4 for k, v in default.items() if "lora_B" in k)  # trained away from its zeros

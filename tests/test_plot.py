@@ -80,3 +80,45 @@ def test_plot_of_a_transformers_trainer_run(tmp_path):
 def test_plot_errors(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 2
     assert "no log_history.jsonl, trainer_state.json" in capsys.readouterr().err
+
+
+def _write_jsonl(folder, rows):
+    import json
+
+    folder.mkdir()
+    (folder / "log_history.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+
+
+def test_plot_skips_rows_that_are_not_logs_and_draws_dollar_metric_names(tmp_path, capsys):
+    """null lines, a list, a string step are skipped with a warning; "$" in a metric name is text, not mathtext
+    (two of them made matplotlib parse a formula and every plot of the run failed)."""
+    run = tmp_path / "run"
+    _write_jsonl(run, [{"loss": 1.0, "step": 1}, None, {"loss": 0.9, "step": "2"}, [1, 2], {"loss": 0.7, "step": 3},
+                       {"eval_cost_$_in_$": 0.5, "eval_loss": 0.6, "step": 3}])
+    history, _ = load_history(run)
+    assert history == [{"loss": 1.0, "step": 1}, {"loss": 0.7, "step": 3}, {"eval_cost_$_in_$": 0.5, "eval_loss": 0.6, "step": 3}]
+    assert main(["plot", str(run)]) == 0
+    assert [title for title, _ in panels(history)] == ["loss", "eval_cost_$_in_$"]
+    assert decoded_size(run / "training_curves.png") == figure_size(2)
+
+
+def test_plot_out_without_extension_writes_the_png_it_prints_and_refuses_unknown_ones(tmp_path, capsys):
+    run = tmp_path / "run"
+    _write_jsonl(run, [{"loss": 1.0, "step": 1}, {"loss": 0.5, "step": 2}])
+    assert main(["plot", str(run), "--out", str(tmp_path / "curves")]) == 0
+    assert capsys.readouterr().out.strip() == f"cadence plot: {tmp_path / 'curves.png'}"
+    assert decoded_size(tmp_path / "curves.png") == figure_size(1)
+    assert main(["plot", str(run), "--out", str(tmp_path / "curves.txt")]) == 2
+    assert "--out=" in (err := capsys.readouterr().err) and "cannot write '.txt' files" in err and ".png" in err
+    assert not (tmp_path / "curves.txt").exists()
+
+
+@pytest.mark.parametrize("text, message", [('{"log_history": {"loss": 1}}', "log_history is dict"),
+                                           ('{"log_history": "rows"}', "log_history is str"),
+                                           ("[1, 2]", "is not a readable trainer_state.json"),
+                                           ("{", "is not a readable trainer_state.json")])
+def test_plot_of_a_damaged_trainer_state_names_the_file(tmp_path, capsys, text, message):
+    (tmp_path / "trainer_state.json").write_text(text)
+    assert main(["plot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(tmp_path / "trainer_state.json") in err and "Traceback" not in err

@@ -9,6 +9,7 @@ Only another dataset is refused.
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,11 +140,14 @@ def test_checkpoint_without_layout_keys_is_read_from_its_arguments(tmp_path, cap
     for key in ("train_batch_size", "gradient_accumulation_steps", "world_size", "num_samples", "fingerprint"):
         del loop[key]
     json.dump(loop, open(path, "w"))
-    os.remove(os.path.join(folder, "checkpoint_manifest.json"))  # older checkpoints carry no checksums either
+    from cadence.checkpoint import write_manifest
+
+    write_manifest(Path(folder))  # the edited file checksummed again (a cadence checkpoint without one is damaged)
     caplog.set_level(logging.WARNING, logger="cadence")
     _, _, resumed = run(out, resume=True, per_device_train_batch_size=2)
     assert resumed == reference[8:] and WARNING in caplog.text
     os.remove(path)  # as transformers writes it: the position comes from global_step and the saved batch
+    os.remove(os.path.join(folder, "checkpoint_manifest.json"))  # transformers writes no checksums
     for name in ("training_args.bin", "training_args.json"):
         os.remove(os.path.join(folder, name))
     _, _, resumed = run(out, resume=True, per_device_train_batch_size=2)

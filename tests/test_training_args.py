@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import types
 
 import pytest
@@ -207,7 +208,9 @@ _INVALID = [
     ({"max_steps": 10.5}, "max_steps", 10.5),
     ({"warmup_steps": -1}, "warmup_steps", -1),
     ({"warmup_steps": 2.5}, "warmup_steps", 2.5),
-    ({"learning_rate": "5e-5"}, "learning_rate", "5e-5"),  # a YAML string, not a number
+    ({"learning_rate": "fast"}, "learning_rate", "fast"),  # text that is no number ("5e-5" is read as 5e-05)
+    ({"learning_rate": float("inf")}, "learning_rate", float("inf")),
+    ({"bf16": "on"}, "bf16", "on"),  # not one of string_to_bool's words
     ({"logging_steps": 0}, "logging_steps", 0),
     ({"logging_steps": -5}, "logging_steps", -5),
     ({"logging_steps": 12.5}, "logging_steps", 12.5),
@@ -528,3 +531,64 @@ def test_hf_argument_parser_builds_cadence_arguments(hf):
     assert args.eval_strategy == "steps" and args.eval_steps == 10 and args.warmup_steps == 0.1
     assert args.use_cpu and args.lr_scheduler_kwargs == {"num_cycles": 2} and args.report_to == []
     assert args.learning_rate == 1e-4 and args.lr_scheduler_type is SchedulerType.COSINE
+
+
+# ---------------------------------------------------------------------------------- text where bools and numbers are due
+_BOOL_FIELDS = sorted(name for name, kind in ta._scalar_fields(TrainingArguments).items() if kind == "bool")
+_WORDS = ("false", "FALSE", "0", "no", "f", "true", "Yes", "1", "t")
+
+
+def _parsed_or_error(make):
+    try:
+        return make()
+    except (ValueError, SystemExit) as error:  # argparse exits on a value its type function refuses
+        return type(error).__name__
+
+
+def test_every_bool_field_reads_text_as_hf_argument_parser_does(hf, tmp_path):
+    """A JSON/YAML config or an environment variable gives "false": the field gets what the same word gives on
+    transformers' command line (a bare "false" is truthy: overwrite_output_dir="false" deleted checkpoints)."""
+    assert len(_BOOL_FIELDS) >= 50 and {"overwrite_output_dir", "bf16", "no_cuda", "tf32"} <= set(_BOOL_FIELDS)
+    parser = hf.HfArgumentParser(TrainingArguments)
+    out = str(tmp_path)
+    compared = 0
+    for name in _BOOL_FIELDS:
+        for word in _WORDS:
+            ours = _parsed_or_error(lambda: TrainingArguments(out, **{name: word}))
+            theirs = _parsed_or_error(lambda: parser.parse_args_into_dataclasses(["--output_dir", out, f"--{name}", word])[0])
+            if isinstance(ours, str) or isinstance(theirs, str):  # refused (a feature cadence lacks): both refuse
+                assert ours == theirs == "ValueError", (name, word, ours, theirs)
+                continue
+            mine, hf_value = getattr(ours, name), getattr(theirs, name)  # a 4.x alias is None once resolved
+            assert (mine, type(mine)) == (hf_value, type(hf_value)) and type(mine) in (bool, type(None)), (name, word)
+            assert ours.to_dict() == theirs.to_dict(), (name, word)
+            compared += 1
+    assert compared > 400  # most fields take both values
+
+
+@pytest.mark.parametrize("name, value", [("bf16", "maybe"), ("overwrite_output_dir", "off"), ("use_cpu", 2),
+                                         ("do_train", 0.5), ("fp16", ""), ("no_cuda", "nope"), ("tf32", [])])
+def test_a_bool_field_refuses_other_values_naming_it(name, value):
+    with pytest.raises(ValueError, match=re.escape(f"{name}={value!r} is invalid: it must be True or False")):
+        TrainingArguments(**{name: value})
+
+
+def test_numbers_as_text_are_read_like_the_command_line(hf):
+    # YAML reads 1e-3 as a string (its floats need a dot): the value is what `--learning_rate 1e-3` gives
+    kw = {"learning_rate": "1e-3", "weight_decay": "0.01", "seed": "7", "max_steps": "20", "logging_steps": "5",
+          "warmup_steps": "0.1", "num_train_epochs": "2", "eval_steps": "4", "save_total_limit": "2"}
+    ours = TrainingArguments("o", **kw)
+    (theirs,) = hf.HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        ["--output_dir", "o", *[part for k, v in kw.items() for part in (f"--{k}", v)]])
+    assert ours.to_dict() == theirs.to_dict()
+    assert (ours.learning_rate, ours.seed, ours.logging_steps, ours.save_total_limit) == (1e-3, 7, 5, 2)
+    with pytest.raises(ValueError, match="seed='1.5' is invalid: it must be an integer"):
+        TrainingArguments(seed="1.5")  # argparse's int() refuses it too
+
+
+@pytest.mark.parametrize("name", ["learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+                                  "max_grad_norm", "warmup_steps", "eval_delay", "neftune_noise_alpha", "logging_steps"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), "inf"])
+def test_non_finite_floats_are_refused(name, value):
+    with pytest.raises(ValueError, match=f"{name}=(inf|nan) is invalid: it must be a finite number"):
+        TrainingArguments(**{name: value})

@@ -610,8 +610,9 @@ def _fsdp_config(args: Any) -> dict[str, Any]:
     unknown = [k for k in config if k not in _FSDP_CONFIG_KEYS + _FSDP1_ONLY_KEYS]
     if unknown:
         raise ValueError(f"fsdp_config has unknown keys {unknown}; cadence reads {list(_FSDP_CONFIG_KEYS)}")
-    if int(config.get("version", 2)) != 2:
+    if _fsdp_config_int(config, "version", 2) != 2:
         raise ValueError(f"fsdp_config version={config['version']!r} is invalid: cadence runs FSDP2 only; set version=2")
+    _fsdp_config_int(config, "min_num_params", 0)
     if config.get("xla"):
         raise ValueError("fsdp_config xla=True is invalid: cadence has no XLA/TPU support; remove it")
     kind = str(config.get("state_dict_type", "full")).lower()
@@ -619,6 +620,15 @@ def _fsdp_config(args: Any) -> dict[str, Any]:
         raise ValueError(f"fsdp_config state_dict_type={config['state_dict_type']!r} is invalid; use 'FULL_STATE_DICT' or 'SHARDED_STATE_DICT'")
     config["state_dict_type"] = _STATE_DICT_TYPES[kind]
     return config
+
+
+def _fsdp_config_int(config: dict[str, Any], key: str, default: int) -> int:
+    """A whole number >= 0 from fsdp_config (JSON may hold "2"); anything else names the key, not int()'s text."""
+    value = config.get(key, default)
+    text = str(value).strip()
+    if isinstance(value, bool) or not ((isinstance(value, int) and value >= 0) or (isinstance(value, str) and text.isdigit())):
+        raise ValueError(f"fsdp_config {key}={value!r} is invalid: it must be a whole number >= 0; e.g. {key}={default}")
+    return int(text) if isinstance(value, str) else value
 
 
 def fsdp_plugin(args: Any):
@@ -648,7 +658,7 @@ def fsdp_plugin(args: Any):
         return plugin
     config = _fsdp_config(args)
     sharding = next((_FSDP_SHARDING[w] for w in words if w in _FSDP_SHARDING), _FSDP_SHARDING["full_shard"])
-    min_params = int(config.get("min_num_params", 0))
+    min_params = _fsdp_config_int(config, "min_num_params", 0)
     layers = config.get("transformer_layer_cls_to_wrap")
     wrap = "auto_wrap" in words or min_params > 0 or layers is not None
     plugin = FullyShardedDataParallelPlugin(
@@ -789,11 +799,10 @@ class _FullyShard:
             if not isinstance(model, FSDPModule):  # shards load into a sharded model: after prepare_model
                 self.pending = folder
                 return
-            import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
             state = {"model": get_model_state_dict(model)}
-            dcp.load(state, checkpoint_id=folder / checkpoint.MODEL_SHARDS_NAME)
+            checkpoint.load_dcp(state, folder / checkpoint.MODEL_SHARDS_NAME)  # no file in it can run code
             set_model_state_dict(model, state["model"])
         elif not isinstance(model, FSDPModule):
             checkpoint.load_model_weights(model, folder)  # full weights, before sharding: sharding splits them
@@ -811,10 +820,8 @@ class _FullyShard:
         )
 
         if (folder / checkpoint.OPTIMIZER_SHARDS_NAME).is_dir():
-            import torch.distributed.checkpoint as dcp
-
             state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-            dcp.load(state, checkpoint_id=folder / checkpoint.OPTIMIZER_SHARDS_NAME)
+            checkpoint.load_dcp(state, folder / checkpoint.OPTIMIZER_SHARDS_NAME)  # no file in it can run code
             set_optimizer_state_dict(model, optimizer, state["optimizer"])
             return
         saved = checkpoint.safe_load(folder / checkpoint.OPTIMIZER_NAME)

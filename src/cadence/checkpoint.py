@@ -15,12 +15,16 @@ best one, and never deletes the one just written.
 Reading never runs code: weights come through safetensors, every other file through JSON or
 ``torch.load(weights_only=True)`` (for ``rng_state.pth`` with numpy's array type allowed, as
 transformers writes numpy's RNG state as an array; cadence writes it as plain lists). A file that
-``weights_only`` refuses raises :class:`UnsafeCheckpointError` and nothing in it is executed.
+``weights_only`` refuses raises :class:`UnsafeCheckpointError` and nothing in it is executed. FSDP's
+sharded folders (torch.distributed.checkpoint) are read the same way: ``.metadata`` through an
+unpickler that knows only DCP's records, every ``.distcp`` value with ``weights_only``.
 
 Files (the names transformers uses, so either library resumes the other's checkpoints)::
 
     model.safetensors      weights (or the model's own save_pretrained files: a PEFT model's adapter only,
-                           adapter_model.safetensors + adapter_config.json)
+                           adapter_model.safetensors + adapter_config.json); above MAX_SHARD_SIZE
+                           model-0000k-of-0000n.safetensors + model.safetensors.index.json. Read also:
+                           pytorch_model.bin and its sharded index (transformers 4.x), with weights_only
     optimizer.pt           optimizer.state_dict()
     scheduler.pt           lr_scheduler.state_dict()
     rng_state.pth          python/numpy/torch(/GPU) RNG states; rng_state_{rank}.pth per process
@@ -56,6 +60,8 @@ import dataclasses
 import errno
 import functools
 import hashlib
+import inspect
+import io
 import json
 import logging
 import os
@@ -88,8 +94,18 @@ TRAINING_ARGS_JSON = "training_args.json"
 RNG_STATE_NAME = "rng_state.pth"
 LOOP_STATE_NAME = "loop_state.json"
 STREAM_STATE_NAME = "stream_state.pt"  # an iterable dataset's own state_dict(), when it has one
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"  # sharded weights, as save_pretrained writes them
+PT_WEIGHTS_NAME = "pytorch_model.bin"  # transformers 4.x / save_safetensors=False (read with weights_only)
+PT_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+# every file name a weights layout uses: single files, indexes, shards (model-00001-of-00002.safetensors)
+WEIGHTS_FILE_RE = re.compile(r"(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?")
 MODEL_SHARDS_NAME = "pytorch_model_fsdp_0"  # FSDP's sharded state (torch.distributed.checkpoint), accelerate's names
 OPTIMIZER_SHARDS_NAME = "optimizer_0"
+
+
+# Weights larger than this are split into model-0000k-of-0000n.safetensors + model.safetensors.index.json, as
+# transformers' save_pretrained does with its default max_shard_size (an int in bytes, or "5GB", "500MiB", ...).
+MAX_SHARD_SIZE: int | str = "50GB"
 
 
 def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, processing_class: Any = None,
@@ -98,7 +114,8 @@ def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, proces
 
     Shared (tied) tensors are stored once; ``processing_class.save_pretrained`` is called when present.
     ``state_dict`` (from ``Backend.model_state_dict``) replaces the model's own; ``{}`` means the weights
-    are already in the folder as shards, so only the model's config is written.
+    are already in the folder as shards, so only the model's config is written. Weights larger than
+    :data:`MAX_SHARD_SIZE` are sharded as ``save_pretrained`` shards them.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -106,24 +123,78 @@ def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, proces
         if hasattr(getattr(model, "config", None), "save_pretrained"):
             model.config.save_pretrained(folder)
     elif hasattr(model, "save_pretrained"):
-        model.save_pretrained(folder, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
-    elif state_dict is not None:
-        from safetensors.torch import save_file
-
-        save_file(_untied(state_dict), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        extra = {} if state_dict is None else {"state_dict": state_dict}
+        if _takes_keyword(model.save_pretrained, "max_shard_size"):  # transformers' models; a user's may not
+            extra["max_shard_size"] = MAX_SHARD_SIZE
+        model.save_pretrained(folder, safe_serialization=True, **extra)
     else:
-        from safetensors.torch import save_model
-
-        save_model(model, str(folder / WEIGHTS_NAME))
+        save_safetensors_sharded(model.state_dict() if state_dict is None else state_dict, folder)
     if processing_class is not None and hasattr(processing_class, "save_pretrained"):
         processing_class.save_pretrained(folder)
+
+
+def _takes_keyword(function: Callable, name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def shard_size_bytes(size: int | str) -> int:
+    """``MAX_SHARD_SIZE`` in bytes: an int, or digits and a unit as transformers reads them (KB = 1000 bytes,
+    KiB = 1024)."""
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"(\d+)\s*([KMGT]i?B)", str(size).strip(), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"max shard size {size!r} is not an int or digits with a unit such as '5GB' or '500MiB'")
+    unit = match.group(2)
+    power = "KMGT".index(unit[0].upper()) + 1
+    if "i" in unit.lower():
+        return int(match.group(1)) * 1024 ** power
+    return int(match.group(1)) * 1000 ** power // (8 if unit.endswith("b") else 1)  # "Gb": bits, as transformers reads it
+
+
+def save_safetensors_sharded(state_dict: dict, folder: Path) -> list[str]:
+    """``model.safetensors``, or shards of at most :data:`MAX_SHARD_SIZE` bytes (a larger tensor alone in one)
+    with ``model.safetensors.index.json`` (``{"metadata": {"total_parameters", "total_size"}, "weight_map"}``),
+    as ``save_pretrained`` writes them; weights files of another layout left in ``folder`` are removed.
+    Returns the weights files written."""
+    from safetensors.torch import save_file
+
+    tensors = _untied(state_dict)
+    limit = shard_size_bytes(MAX_SHARD_SIZE)
+    shards: list[dict] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:  # this tensor would overflow the shard: start the next
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    n = len(shards)
+    names = [WEIGHTS_NAME] if n == 1 else [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    for stale in folder.iterdir():  # a save_model into a folder holding another layout: only the new one stays
+        if WEIGHTS_FILE_RE.fullmatch(stale.name) and stale.name not in names and stale.is_file():
+            stale.unlink()
+    for name, shard in zip(names, shards):
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+    if n > 1:
+        index = {"metadata": {"total_parameters": sum(t.numel() for t in tensors.values()),
+                              "total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": {key: name for name, shard in zip(names, shards) for key in shard}}
+        save_json(index, folder / SAFE_WEIGHTS_INDEX_NAME)
+        names.append(SAFE_WEIGHTS_INDEX_NAME)
+    return names
 
 
 def _untied(state_dict: dict) -> dict:
     """Contiguous tensors, each storage once (safetensors refuses shared ones; loading re-ties them)."""
     seen, out = set(), {}
     for name, tensor in state_dict.items():
-        if tensor.data_ptr() not in seen:
+        if tensor.data_ptr() not in seen or not tensor.numel():  # empty tensors share address 0, not storage
             seen.add(tensor.data_ptr())
             out[name] = tensor.contiguous()
     return out
@@ -262,45 +333,108 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
 
     With a manifest (cadence's checkpoints) each listed file's size and sha256 are compared, which
     catches truncation and flipped bytes. Without one (transformers' checkpoints) every JSON,
-    safetensors and ``torch.save`` file is parsed (``weights_only``), which catches truncation.
+    safetensors and ``torch.save`` file is parsed (``weights_only``), which catches truncation; a
+    cadence checkpoint (it has ``loop_state.json``) without its manifest is damaged. Weights a user
+    re-sharded after the save (the manifest's weights files gone, another complete layout there) are
+    parsed instead, with a warning. FSDP's sharded folders are read safely (:func:`check_dcp_folder`)
+    and ``trainer_state.json``'s fields must have their types (:func:`read_trainer_state`).
 
     Raises:
         CorruptCheckpointError: naming the file and what is wrong with it.
         UnsafeCheckpointError: a file holds more than plain data (never unpickled).
     """
     folder = Path(folder)
+    listed = _read_manifest(folder)
+    if listed is None:
+        for path in sorted(folder.iterdir()):
+            _parse_check(folder, path)
+    else:
+        _check_listed(folder, listed)
+    _check_dcp_folders(folder)  # a manifest rewritten with a planted file would match: read them safely too
+    if (folder / TRAINER_STATE_NAME).is_file():
+        read_trainer_state(folder)
+
+
+def _inner_name(name: Any) -> bool:
+    """A relative path that stays inside the checkpoint folder."""
+    return isinstance(name, str) and bool(name) and not os.path.isabs(name) and ".." not in Path(name).parts
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    """The manifest's ``{file: {"bytes", "sha256"}}``, or None when there is none (a transformers checkpoint)."""
     manifest = folder / MANIFEST_NAME
-    if manifest.exists():
-        try:
-            listed = json.loads(manifest.read_text())["files"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest ({type(e).__name__}: {e})") from e
-        for name, entry in listed.items():
-            path = folder / name
-            if not path.is_file():
-                raise _corrupt(folder, name, "is missing")
-            size = path.stat().st_size
-            if size != entry["bytes"] or _sha256(path) != entry["sha256"]:
-                if path.suffix in (".pt", ".pth", ".bin") and unsafe_globals(path):
-                    safe_load(path)  # a replaced file that would run code: UnsafeCheckpointError names what it calls
-                if size != entry["bytes"]:
-                    raise _corrupt(folder, name, f"has {size} bytes but {entry['bytes']} were written (truncated or replaced)")
-                raise _corrupt(folder, name, "has changed since it was written (its sha256 differs from the manifest's)")
-        return
-    for path in sorted(folder.iterdir()):
-        try:
-            if path.suffix == ".json":
-                json.loads(path.read_text())
-            elif path.suffix == ".safetensors":
-                _check_safetensors(path)
-            elif path.suffix in (".pt", ".pth"):
-                safe_load(path, allow_numpy_arrays=path.name.startswith("rng_state"))
-        except UnsafeCheckpointError:
-            if unsafe_globals(path):
-                raise
-            raise _corrupt(folder, path.name, "cannot be read (truncated or not a torch.save file)") from None
-        except Exception as e:  # noqa: BLE001 - whatever the reader says, the file is unreadable
-            raise _corrupt(folder, path.name, f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+    if not manifest.exists():
+        if (folder / LOOP_STATE_NAME).exists():
+            raise _corrupt(folder, MANIFEST_NAME, f"is missing, but {LOOP_STATE_NAME} shows cadence wrote this checkpoint, "
+                           "and cadence writes a manifest into every one: its files cannot be checked for changed bytes")
+        return None
+    try:
+        listed = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest ({type(e).__name__}: {e})") from e
+    if not isinstance(listed, dict):
+        raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest (its 'files' is a {type(listed).__name__}, not an object)")
+    for name, entry in listed.items():
+        if not (_inner_name(name) and isinstance(entry, dict) and type(entry.get("bytes")) is int
+                and isinstance(entry.get("sha256"), str)):
+            raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest (the entry {name!r}: {str(entry)[:80]} is not "
+                           '{"bytes": int, "sha256": str} for a file inside the checkpoint)')
+    return listed
+
+
+def _check_listed(folder: Path, listed: dict) -> None:
+    """Every file the manifest lists has its size and sha256; weights re-sharded since are parsed instead."""
+    missing = [name for name in listed if not (folder / name).is_file()]
+    if missing and all(WEIGHTS_FILE_RE.fullmatch(name) for name in missing):
+        found = weights_files(folder)
+        if found and not any(p.name in listed for p in found):  # a whole other layout, not a part of the listed one
+            for path in found:
+                _parse_check(folder, path)
+            logger.warning("checkpoint %s: its weights are no longer the files it was written with (%s); the %s found "
+                           "instead were checked by parsing them and are loaded", folder, ", ".join(missing[:3]),
+                           ", ".join(p.name for p in found[:3]) + (" ..." if len(found) > 3 else ""))
+            listed = {name: entry for name, entry in listed.items() if name not in missing}
+            missing = []
+    if missing:
+        raise _corrupt(folder, missing[0], "is missing")
+    for name, entry in listed.items():
+        path = folder / name
+        size = path.stat().st_size
+        if size != entry["bytes"] or _sha256(path) != entry["sha256"]:
+            if path.suffix in (".pt", ".pth", ".bin") and unsafe_globals(path):
+                safe_load(path)  # a replaced file that would run code: UnsafeCheckpointError names what it calls
+            if size != entry["bytes"]:
+                raise _corrupt(folder, name, f"has {size} bytes but {entry['bytes']} were written (truncated or replaced)")
+            raise _corrupt(folder, name, "has changed since it was written (its sha256 differs from the manifest's)")
+
+
+def _parse_check(folder: Path, path: Path) -> None:
+    """Read ``path`` as its kind (JSON, safetensors header, ``torch.save`` with ``weights_only``, a weights index and its
+    shards' presence), which catches truncation; other files (``training_args.bin``, folders) are left to their loaders."""
+    try:
+        if path.name.endswith(".index.json") and WEIGHTS_FILE_RE.fullmatch(path.name):
+            missing = [name for name in _index_shards(path) if not (folder / name).is_file()]
+            if missing:
+                raise _corrupt(folder, missing[0], f"is missing (listed in {path.name})")
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix == ".safetensors":
+            _check_safetensors(path)
+        elif path.suffix in (".pt", ".pth") or (path.suffix == ".bin" and WEIGHTS_FILE_RE.fullmatch(path.name)):
+            safe_load(path, allow_numpy_arrays=path.name.startswith("rng_state"))
+    except (UnsafeCheckpointError, CorruptCheckpointError) as e:
+        if isinstance(e, CorruptCheckpointError) or unsafe_globals(path):
+            raise
+        raise _corrupt(folder, path.name, "cannot be read (truncated or not a torch.save file)") from None
+    except Exception as e:  # noqa: BLE001 - whatever the reader says, the file is unreadable
+        raise _corrupt(folder, path.name, f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+
+
+def _check_dcp_folders(folder: Path) -> None:
+    """:func:`check_dcp_folder` on each DCP folder of the checkpoint (FSDP's sharded model and optimizer)."""
+    for sub in sorted(folder.iterdir()):
+        if sub.is_dir() and (sub / DCP_METADATA_NAME).is_file():
+            check_dcp_folder(sub)
 
 
 def _check_safetensors(path: Path) -> None:
@@ -454,6 +588,222 @@ def unsafe_globals(path: str | os.PathLike) -> list[str]:
         return []
 
 
+# ---------------------------------------------------------------- FSDP's sharded state (torch.distributed.checkpoint)
+#
+# A DCP folder (``pytorch_model_fsdp_0/``, ``optimizer_0/``) holds ``.metadata``, which torch's reader unpickles
+# with plain pickle, and ``__{rank}_0.distcp`` files: a ``torch.save`` blob per tensor (torch loads them with
+# ``weights_only``) or per non-tensor value (the optimizer's lr, betas, ...: torch's planner loads those with
+# ``weights_only=False``). cadence reads ``.metadata`` with an unpickler that knows only DCP's record classes and
+# every blob with ``weights_only=True``, so no file of a sharded checkpoint can run code.
+
+DCP_METADATA_NAME = ".metadata"
+
+
+class _ForbiddenGlobal(pickle.UnpicklingError):
+    """A pickle names something outside the allowed records."""
+
+
+@functools.cache
+def _dcp_metadata_globals() -> dict[tuple[str, str], Any]:
+    """What DCP's ``.metadata`` may name: its dataclasses (built field by field), dtypes and layouts, ``torch.Size``,
+    paths (its ``checkpoint_id``). Calling any of them builds a record and runs nothing else."""
+    import pathlib
+
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    records = ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+               "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+    allowed = {("torch.distributed.checkpoint.metadata", n): getattr(metadata, n) for n in records}
+    allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = filesystem._StorageInfo
+    allowed[("torch", "Size")] = torch.Size
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout  # a name -> torch.strided etc.
+    for name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"):
+        allowed[("pathlib", name)] = getattr(pathlib, name)
+    for name, value in vars(torch).items():
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            allowed[("torch", name)] = value
+    return allowed
+
+
+class _DcpMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _dcp_metadata_globals()[(module, name)]
+        except KeyError:
+            raise _ForbiddenGlobal(f"{module}.{name}") from None
+
+
+def _dcp_file(path: Path) -> str:
+    """``checkpoint-N/optimizer_0/.metadata``: a DCP file named with its checkpoint, as errors name it."""
+    return "/".join(path.parts[-3:])
+
+
+def read_dcp_metadata(folder: str | os.PathLike) -> Any:
+    """The ``Metadata`` of the DCP folder ``folder``, unpickled with only DCP's records allowed, and checked:
+    every storage entry points at a ``.distcp`` file inside ``folder``, within its size.
+
+    Raises:
+        UnsafeCheckpointError: ``.metadata`` names anything else (nothing was run).
+        CorruptCheckpointError: it is unreadable or describes data that is not there.
+    """
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+
+    folder = Path(folder)
+    path = folder / DCP_METADATA_NAME
+    try:
+        with open(path, "rb") as f:
+            meta = _DcpMetadataUnpickler(f).load()
+    except _ForbiddenGlobal as e:
+        raise UnsafeCheckpointError(
+            f"refusing to load {_dcp_file(path)}: it names {e}, which is not part of torch.distributed.checkpoint's "
+            "metadata, so unpickling it could run code, and nothing in it was executed; resume from another "
+            "checkpoint") from None
+    except Exception as e:  # noqa: BLE001 - truncated, not a pickle, a record built with wrong arguments
+        raise _corrupt(folder.parent, f"{folder.name}/{DCP_METADATA_NAME}", f"cannot be read ({type(e).__name__}: {e})") from e
+    if not (isinstance(meta, Metadata) and isinstance(meta.state_dict_metadata, dict) and isinstance(meta.storage_data, dict)
+            and all(isinstance(v, (TensorStorageMetadata, BytesStorageMetadata)) for v in meta.state_dict_metadata.values())):
+        raise _corrupt(folder.parent, f"{folder.name}/{DCP_METADATA_NAME}", "is not torch.distributed.checkpoint metadata")
+    sizes: dict[str, int] = {}
+    for index, info in meta.storage_data.items():
+        name, offset, length = getattr(info, "relative_path", None), getattr(info, "offset", None), getattr(info, "length", None)
+        descriptors = getattr(info, "transform_descriptors", None) or ()
+        where = f"{folder.name}/{DCP_METADATA_NAME}"
+        if not (isinstance(name, str) and re.fullmatch(r"[\w.-]+\.distcp", name)):  # no path: a file of this folder
+            raise _corrupt(folder.parent, where, f"points {getattr(index, 'fqn', index)!r} at {name!r}, not a .distcp file of this folder")
+        if name not in sizes:
+            if not (folder / name).is_file():
+                raise _corrupt(folder.parent, f"{folder.name}/{name}", "is missing")
+            sizes[name] = (folder / name).stat().st_size
+        if not (type(offset) is int and type(length) is int and 0 <= offset and 0 <= length
+                and offset + length <= sizes[name] and all(isinstance(d, str) for d in descriptors)):
+            raise _corrupt(folder.parent, f"{folder.name}/{name}",
+                           f"is shorter than its metadata says ({getattr(index, 'fqn', index)!r} at {offset}+{length}, "
+                           f"{sizes[name]} bytes) (truncated?)")
+    return meta
+
+
+def check_dcp_folder(folder: str | os.PathLike) -> None:
+    """Check every file of the DCP folder ``folder`` without loading a tensor: ``.metadata`` through
+    :func:`read_dcp_metadata`, and every blob of the ``.distcp`` files: a non-tensor value is loaded with
+    ``weights_only``, a tensor's pickle is scanned for names ``weights_only`` refuses.
+
+    Raises:
+        UnsafeCheckpointError: a file names code (the file is named; nothing was run).
+        CorruptCheckpointError: a file is unreadable.
+    """
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    folder = Path(folder)
+    meta = read_dcp_metadata(folder)
+    for index, info in meta.storage_data.items():
+        path = folder / info.relative_path
+        is_bytes = isinstance(meta.state_dict_metadata.get(getattr(index, "fqn", None)), BytesStorageMetadata)
+        with open(path, "rb") as f:
+            blob = _FileSlice(f, info.offset, info.length)
+            is_zip = blob.read(4) == b"PK\x03\x04"  # torch.save's format: its pickle can be scanned without loading
+            blob.seek(0)
+            names = unsafe_globals(blob) if is_zip else []
+            if names or is_bytes or not is_zip:
+                try:
+                    blob.seek(0)
+                    torch.load(io.BytesIO(blob.read()), map_location="cpu", weights_only=True)  # small values only
+                except pickle.UnpicklingError as e:
+                    raise UnsafeCheckpointError(
+                        f"refusing to load {_dcp_file(path)}: its entry {index.fqn!r} names {', '.join(names) or 'objects'} "
+                        "besides tensors and plain data, so unpickling it could run code, and nothing in it was executed; "
+                        "resume from another checkpoint") from e
+                except Exception as e:  # noqa: BLE001
+                    raise _corrupt(folder.parent, f"{folder.name}/{info.relative_path}",
+                                   f"cannot be read at {index.fqn!r} ({type(e).__name__}: {e})") from e
+
+
+class _FileSlice(io.RawIOBase):
+    """``length`` bytes of an open file from ``offset``, as a seekable file of their own (one DCP blob)."""
+
+    def __init__(self, file: Any, offset: int, length: int):
+        super().__init__()
+        self.file, self.offset, self.length, self.pos = file, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = max(0, min(self.length, (0, self.pos, self.length)[whence] + pos))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        self.file.seek(self.offset + self.pos)
+        data = self.file.read(min(len(buffer), self.length - self.pos))
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+@functools.cache
+def _safe_dcp_classes() -> tuple[type, type]:
+    """torch's file reader and load planner, with the two reads that unpickle replaced by safe ones."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner.load_bytes uses
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            meta = read_dcp_metadata(Path(self.path))
+            meta.storage_meta = meta.storage_meta if isinstance(meta.storage_meta, StorageMeta) else StorageMeta()
+            meta.storage_meta.load_id = self.load_id
+            return meta
+
+    class SafePlanner(DefaultLoadPlanner):
+        def __init__(self, folder: Path):
+            super().__init__()
+            self.folder = folder
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                loaded = torch.load(value, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as e:
+                path = self.folder / self.metadata.storage_data[read_item.storage_index].relative_path
+                raise UnsafeCheckpointError(
+                    f"refusing to load {_dcp_file(path)}: its entry {read_item.dest_index.fqn!r} holds more than "
+                    "tensors and plain data, so unpickling it could run code, and nothing in it was executed; resume "
+                    "from another checkpoint") from e
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafeReader, SafePlanner
+
+
+def load_dcp(state: dict, folder: str | os.PathLike) -> None:
+    """``torch.distributed.checkpoint.load(state, checkpoint_id=folder)`` (every process), reading every file
+    without running code: checked first (:func:`check_dcp_folder`), then read by torch's reader and planner with
+    their two unpickling reads replaced (``.metadata`` restricted, non-tensor values ``weights_only``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    check_dcp_folder(folder)  # its errors here, naming the file: inside dcp.load they lose the name or the type
+    reader, planner = _safe_dcp_classes()
+    try:
+        dcp.load(state, storage_reader=reader(folder), planner=planner(Path(folder)))
+    except CheckpointException as e:  # a BaseException holding each process's error: raise ours as it was
+        errors = [error for error, _ in e.failures.values()]
+        for error in errors:
+            if isinstance(error, (UnsafeCheckpointError, CorruptCheckpointError)):
+                raise error from None
+        if any(isinstance(error, pickle.UnpicklingError) for error in errors):
+            raise UnsafeCheckpointError(
+                f"refusing to load {folder}: a file in it holds more than tensors and plain data, so unpickling it "
+                "could run code, and nothing in it was executed; resume from another checkpoint") from None
+        raise
+
+
 _HF_ARGS_PACKAGES = ("transformers", "accelerate")  # what transformers' pickled TrainingArguments names
 
 
@@ -504,25 +854,98 @@ def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> Non
         )
 
 
+def weights_files(folder: str | os.PathLike) -> list[Path]:
+    """The files that hold the weights in ``folder``: the first layout present of ``model.safetensors``, its index
+    and shards, ``pytorch_model.bin``, its index and shards (transformers' order of preference); [] when none.
+
+    Raises:
+        CorruptCheckpointError: an index that is not ``{"weight_map": {name: shard file}}``.
+    """
+    folder = Path(folder)
+    for name in (WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, PT_WEIGHTS_NAME, PT_WEIGHTS_INDEX_NAME):
+        path = folder / name
+        if path.is_file():
+            return [path, *(folder / shard for shard in _index_shards(path))] if name.endswith(".json") else [path]
+    return []
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard files a weights index names (each once, sorted)."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise _corrupt(index.parent, index.name, f"is not a weights index ({type(e).__name__}: {e})") from e
+    bad = [s for s in shards if not (isinstance(s, str) and WEIGHTS_FILE_RE.fullmatch(s))]
+    if bad or not shards:
+        raise _corrupt(index.parent, index.name, f"is not a weights index (its weight_map names {bad[:1] or 'no file'})")
+    return shards
+
+
 def read_model_weights(folder: str | os.PathLike, device: torch.device) -> dict[str, torch.Tensor]:
-    """The tensors of ``model.safetensors`` (or its sharded index) in ``folder``, on ``device``."""
+    """The tensors of the weights in ``folder`` (:func:`weights_files`: safetensors, or ``pytorch_model.bin``
+    through ``torch.load(weights_only=True)``, single or sharded), on ``device``."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    single, index = folder / WEIGHTS_NAME, folder / f"{WEIGHTS_NAME}.index.json"
-    device = str(device)
-    if single.exists():
-        state = load_file(str(single), device=device)
-    elif index.exists():
-        state = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            state.update(load_file(str(folder / shard), device=device))
-    else:
+    files = [p for p in weights_files(folder) if not p.name.endswith(".json")]
+    if not files:
         raise FileNotFoundError(
-            f"checkpoint {folder} has no {WEIGHTS_NAME}: cadence loads weights only from safetensors files "
-            "(a pytorch_model.bin pickle can run code); convert it with safetensors first"
+            f"checkpoint {folder} has no weights: none of {WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, {PT_WEIGHTS_NAME}, "
+            f"{PT_WEIGHTS_INDEX_NAME}; pass a checkpoint folder written by cadence or transformers"
         )
+    state = {}
+    for path in files:
+        if path.suffix == ".safetensors":
+            state.update(load_file(str(path), device=str(device)))
+        else:  # a pickle: loaded with weights_only, so it cannot run code
+            loaded = safe_load(path)
+            if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+                raise _corrupt(folder, path.name, "does not hold a state dict of tensors")
+            state.update({k: v.to(device) for k, v in loaded.items()})
     return state
+
+
+_NUMBER, _INT, _NONE = (int, float), (int,), (type(None),)
+# trainer_state.json's fields and the JSON types they may hold (what cadence and transformers write)
+_STATE_TYPES = {
+    "epoch": _NUMBER + _NONE, "global_step": _INT, "max_steps": _INT, "logging_steps": _NUMBER, "eval_steps": _NUMBER,
+    "save_steps": _NUMBER, "train_batch_size": _INT + _NONE, "num_train_epochs": _NUMBER, "num_input_tokens_seen": _INT,
+    "total_flos": _NUMBER, "log_history": (list,) + _NONE, "best_metric": _NUMBER + _NONE, "best_global_step": _INT + _NONE,
+    "best_model_checkpoint": (str,) + _NONE, "is_local_process_zero": (bool,), "is_world_process_zero": (bool,),
+    "is_hyper_param_search": (bool,), "trial_name": (str,) + _NONE, "trial_params": (dict,) + _NONE,
+    "stateful_callbacks": (dict,) + _NONE,
+}
+
+
+def read_trainer_state(folder: str | os.PathLike) -> TrainerState:
+    """``trainer_state.json`` of ``folder`` as a ``TrainerState``, each known field checked for its type first
+    (a string step or a non-list history would otherwise fail only once training has run).
+
+    Raises:
+        CorruptCheckpointError: naming the file, the field and its value.
+    """
+    path = Path(folder) / TRAINER_STATE_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(data, dict):
+        raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"holds a {type(data).__name__}, not an object of TrainerState's fields")
+    for name, value in data.items():
+        types = _STATE_TYPES.get(name)
+        wrong = types is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types))
+        if name == "log_history" and not wrong:
+            wrong = not all(isinstance(row, dict) for row in value or [])
+        elif not wrong and types in (_INT, _INT + _NONE) and value is not None:
+            wrong = value < 0
+        if wrong:
+            kinds = {int: "a whole number >= 0", list: "a list of objects", bool: "true or false", str: "a string",
+                     dict: "an object", type(None): "null"}
+            expected = "a number" if float in types else kinds[types[0]]
+            expected += " or null" if type(None) in types and types[0] is not type(None) else ""
+            raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"has {name}={value!r:.80}, which is not {expected}")
+    return TrainerState.load_from_json(str(path))
 
 
 def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike) -> Path:
@@ -954,7 +1377,7 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         if objects.get("scaler") is not None:  # a resumed fp16 run continues with the same loss scale
             objects["scaler"].load_state_dict(scaler_state)
     state = objects["trainer_state"]
-    saved = TrainerState.load_from_json(str(folder / TRAINER_STATE_NAME))
+    saved = read_trainer_state(folder)
     if saved.best_model_checkpoint is not None and not os.path.isdir(saved.best_model_checkpoint):
         logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
         saved.best_model_checkpoint = None

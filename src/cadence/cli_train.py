@@ -15,7 +15,8 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+import sys
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,22 @@ class TrainArguments:
         "For a from-scratch model: config values to change, as 'n_layer=2,n_embd=64'."
     )})
 
+    def __post_init__(self):
+        # checked while parsing: before any file, model or output_dir is touched
+        if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size >= 1):
+            raise ValueError(
+                f"--block_size={self.block_size!r} is invalid: it must be a number of tokens >= 1; leave it out for "
+                "the model's maximum length"
+            )
+        if self.config_overrides is not None:
+            pieces = self.config_overrides.split(",")
+            bad = next((p for p in pieces if "=" not in p or not p.partition("=")[0].strip()), None)
+            if bad is not None:
+                raise ValueError(
+                    f"--config_overrides={self.config_overrides!r} is invalid: {bad!r} is not key=value; write "
+                    "'n_layer=2,n_embd=64'"
+                )
+
 
 def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     """``(TrainArguments, TrainingArguments)`` from flags or from one JSON/YAML file.
@@ -64,20 +81,39 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     if len(argv) == 1 and Path(argv[0]).suffix in (".json", ".yaml", ".yml"):
         config = _read_config(Path(argv[0]))
         config.setdefault("report_to", "jsonl")
-        return tuple(parser.parse_dict(config))
+        missing = [f.name for f in fields(TrainArguments) if f.default is MISSING and f.name not in config]
+        if missing:  # the dataclass would raise a TypeError naming no file
+            raise ValueError(f"config file {argv[0]!r} has no {', '.join(map(repr, missing))}: add "
+                             + ", ".join(f"'{name}: ...'" for name in missing))
+        try:
+            return tuple(parser.parse_dict(config))
+        except ValueError as error:  # the message names the key and the value; say which file held it
+            raise ValueError(f"config file {argv[0]!r}: {error}") from None
     parser.set_defaults(report_to="jsonl")
     return tuple(parser.parse_args_into_dataclasses(argv))
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    """The mapping of flags to values in a JSON or YAML file (ValueError naming the file otherwise)."""
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist")
     text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        return json.loads(text)
-    import yaml
+    try:
+        if path.suffix == ".json":
+            config = json.loads(text)
+        else:
+            import yaml
 
-    return yaml.safe_load(text)
+            config = yaml.safe_load(text)
+    except Exception as error:  # noqa: BLE001 - json's ValueError or yaml's YAMLError: the parser says where
+        raise ValueError(f"config file {str(path)!r} is not valid {path.suffix[1:].upper()}: {error}") from None
+    if not isinstance(config, dict):
+        got = "nothing" if config is None else f"a {type(config).__name__}"
+        raise ValueError(
+            f"config file {str(path)!r} holds {got}, not a mapping of flags to values; write one 'flag: value' per "
+            "line (YAML) or one object (JSON), e.g. model: ./my-model"
+        )
+    return config
 
 
 # ------------------------------------------------------------------------------------- data
@@ -109,6 +145,7 @@ def load_data(script: TrainArguments) -> dict[str, Any]:
                 )
         if len(ds) == 0:
             raise ValueError(f"{flag}={path!r} has no rows")
+        _check_texts(ds[script.text_column], flag, path, script.text_column)
     if script.task == "sequence-classification":
         _check_labels(splits, script.label_column, files)
     return splits
@@ -122,8 +159,32 @@ def _read_file(flag: str, path: str):
         raise ValueError(f"{flag}={path!r}: unknown file type {suffix!r}; use one of {', '.join(BUILDERS)}")
     if not Path(path).is_file():
         raise ValueError(f"{flag}={path!r}: no such file")
+    if Path(path).stat().st_size == 0:
+        raise ValueError(f"{flag}={path!r} is empty: pass a file with data rows")
     options = {"keep_linebreaks": True} if BUILDERS[suffix] == "text" else {}  # lines joined into blocks keep their ends
-    return datasets.load_dataset(BUILDERS[suffix], data_files={"train": path}, split="train", **options)
+    try:
+        return datasets.load_dataset(BUILDERS[suffix], data_files={"train": path}, split="train", **options)
+    except Exception as error:  # noqa: BLE001 - datasets' errors name neither the flag nor, often, the file
+        if "corresponds to no data" in str(error):  # a CSV with only its header line
+            raise ValueError(f"{flag}={path!r} has no rows (only a header?): pass a file with data rows") from None
+        cause = error.__cause__ or error  # DatasetGenerationError wraps the parser's error
+        what = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ValueError(
+            f"{flag}={path!r} could not be read as a {suffix} file ({type(cause).__name__}: {what[:300]}); fix the "
+            f"file, or give it the extension of its format ({', '.join(BUILDERS)})"
+        ) from error
+
+
+def _check_texts(texts: list, flag: str, path: str, column: str) -> None:
+    # None (an empty CSV cell) stops the tokenizer; only blank lines give a model no token to train on
+    bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+    if bad is not None:
+        raise ValueError(
+            f"--text_column={column!r} of {flag}={path!r}: row {bad} holds {texts[bad]!r}, not a text; fill in or "
+            "remove that row"
+        )
+    if not any(text.strip() for text in texts):
+        raise ValueError(f"{flag}={path!r} holds only blank texts in --text_column={column!r}: nothing to train on")
 
 
 def _check_labels(splits: dict, column: str, files: dict) -> None:
@@ -170,7 +231,10 @@ def load_model(script: TrainArguments, labels: list | None):
     if script.config_overrides:
         if pretrained:
             raise ValueError(f"--config_overrides applies to a new model, but {script.model!r} has weights")
-        config.update_from_string(script.config_overrides)
+        try:
+            config.update_from_string(script.config_overrides)
+        except ValueError as error:  # an unknown key, or a value of the wrong type
+            raise ValueError(f"--config_overrides={script.config_overrides!r} is invalid: {error}") from None
     if labels is not None:
         config.num_labels = len(labels)
         config.id2label = {i: str(v) for i, v in enumerate(labels)}
@@ -187,14 +251,30 @@ def load_model(script: TrainArguments, labels: list | None):
     return model, tokenizer, "fine-tuned" if pretrained else "from scratch"
 
 
-def default_block_size(model, tokenizer) -> int:
-    config = model.config
-    limits = [1024, tokenizer.model_max_length]
+def _positions(config) -> tuple[str, int] | None:
+    """The config field holding the longest sequence the model embeds, and its value."""
     for name in ("n_positions", "max_position_embeddings", "n_ctx"):
         if isinstance(getattr(config, name, None), int):
-            limits.append(getattr(config, name))
-            break
+            return name, getattr(config, name)
+    return None
+
+
+def default_block_size(model, tokenizer) -> int:
+    limits = [1024, tokenizer.model_max_length]
+    if _positions(model.config) is not None:
+        limits.append(_positions(model.config)[1])
     return min(limits)
+
+
+def check_block_size(block_size: int, model) -> None:
+    """A block longer than the model's position table fails inside the first forward (an IndexError)."""
+    positions = _positions(model.config)
+    if positions is not None and block_size > positions[1]:
+        name, limit = positions
+        raise ValueError(
+            f"--block_size={block_size} is larger than the model's {name}={limit}: it embeds at most {limit} "
+            f"positions; pass --block_size {limit} or less (or leave it out)"
+        )
 
 
 # ------------------------------------------------------------------------------------- tokenizing
@@ -245,10 +325,13 @@ def run_train(argv: list[str]) -> dict[str, Any]:
     labels = label_names(splits["train"][script.label_column]) if script.task == "sequence-classification" else None
     model, tokenizer, how = load_model(script, labels)
     block_size = script.block_size or default_block_size(model, tokenizer)
+    check_block_size(block_size, model)
     data = tokenize(splits, script, tokenizer, block_size, labels)
     trainer = Trainer(model, args, train_dataset=data["train"], eval_dataset=data.get("validation"),
                       processing_class=tokenizer)
-    result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    result = trainer.train(resume_from_checkpoint=resume_argument(args.resume_from_checkpoint))
+    if trainer.state.interrupted:  # the checkpoint is saved; the model is partly trained: no final outputs
+        raise SystemExit(_interrupted_exit_status(trainer))
     metrics = dict(result.metrics)
     if "validation" in data:
         metrics.update(trainer.evaluate())
@@ -261,6 +344,40 @@ def run_train(argv: list[str]) -> dict[str, Any]:
             json.dump(metrics, f, indent=2)
     _print_summary(script, args, how, len(data["train"]), block_size, metrics)
     return metrics
+
+
+def resume_argument(value: str | None) -> str | bool | None:
+    """``--resume_from_checkpoint``: a folder, or a word of HfArgumentParser's bools: true resumes the newest
+    checkpoint in ``--output_dir`` (``train(resume_from_checkpoint=True)``), false starts afresh.
+    A folder of that name wins over the word."""
+    from .training_args import _FALSE_WORDS, _TRUE_WORDS
+
+    if value is None or os.path.isdir(value):
+        return value
+    word = value.strip().lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return None
+    return value
+
+
+def _interrupted_exit_status(trainer) -> int:
+    """128 + the signal's number, as a shell reports a process the signal ended: a scheduler that requeues
+    failed jobs (SLURM --requeue, torchrun --max-restarts, a Kubernetes restart) starts it again, and
+    ``--resume_from_checkpoint true`` continues from the checkpoint."""
+    import signal
+
+    from .checkpoint import JITCheckpointCallback
+
+    jit = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback))
+    # "a signal to another process" (a rank that saw none): SIGTERM's status, the usual scheduler signal
+    number = getattr(signal, str(jit.requested), signal.SIGTERM)
+    print(f"cadence train: interrupted by {jit.requested} at step {trainer.state.global_step}: "
+          f"checkpoint-{trainer.state.global_step} is saved in {trainer.args.output_dir}, no final model is written; "
+          f"exit status {128 + int(number)}. Run the same command with --resume_from_checkpoint true to continue.",
+          file=sys.stderr)
+    return 128 + int(number)
 
 
 def _print_summary(script, args, how: str, rows: int, block_size: int, metrics: dict) -> None:

@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from .trainer_callback import ExportableState, TrainerControl
@@ -100,6 +101,7 @@ def trial_arguments(args, params: dict[str, Any], output_dir: str):
     """A copy of ``args`` with the trial's values (cast to each field's current type, as transformers does)
     and its own ``output_dir``; the copy is validated like any ``TrainingArguments``."""
     fields = {f.name: str(f.type) for f in dataclasses.fields(args) if f.init}
+    check_hp_space_result(params)
     changes: dict[str, Any] = {}
     for key, value in params.items():
         if key not in fields:
@@ -114,10 +116,32 @@ def trial_arguments(args, params: dict[str, Any], output_dir: str):
                 f"dict: return a flat mapping of field names to values"
             )
         numeric_into_float = isinstance(value, (int, float)) and "float" in fields[key]  # e.g. warmup_steps=0.1
-        if current is not None and not isinstance(value, type(current)) and not numeric_into_float:
-            value = type(current)(value)  # ray's tune.uniform seed is a float; the field is an int
+        # a bool field keeps text ("false"): TrainingArguments reads it as the command line does, bool() would not
+        as_is = numeric_into_float or isinstance(current, bool) or isinstance(value, str)
+        if current is not None and not isinstance(value, type(current)) and not as_is:
+            try:
+                value = type(current)(value)  # ray's tune.uniform seed is a float; the field is an int
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"hp_space returned {key}={value!r}, which is not a {type(current).__name__} as "
+                    f"TrainingArguments.{key} is: sample a {type(current).__name__}"
+                ) from None
         changes[key] = value
     return dataclasses.replace(args, output_dir=output_dir, **changes)
+
+
+def check_hp_space_result(params: Any) -> None:
+    """``hp_space(trial)`` must give a mapping of ``TrainingArguments`` field names to values.
+
+    Raises:
+        TypeError: anything else (None from a missing ``return``, a string, a list of values).
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(
+            f"hp_space returned {str(params)[:60]!r} ({type(params).__name__}), not a dict: return a dict of "
+            "TrainingArguments field names to sampled values, e.g. "
+            "{'learning_rate': trial.suggest_float('learning_rate', 1e-6, 1e-4, log=True)}"
+        )
 
 
 def run_trial(trainer, start: _Start, trial: Any, params: dict[str, Any], name: str,
@@ -337,6 +361,7 @@ class RayTuneBackend(_SearchBackend):
         start.reset(trainer, start.args)  # what each worker receives is the trainer as the search began
         trainable = tune.with_resources(tune.with_parameters(_ray_trial, trainer=trainer), resources)
         param_space = trainer.hp_space(None)
+        check_hp_space_result(param_space)
         results = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config).fit()
         best = results.get_best_result(metric="objective", mode=mode, scope="last")
         return BestRun(best.metrics["trial_id"], best.metrics["objective"], best.config, results)

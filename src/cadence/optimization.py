@@ -739,6 +739,37 @@ class _Schedule:
         params = inspect.signature(self.options_of).parameters.values()
         return sorted(p.name for p in params if p.name not in skip and p.kind is not p.VAR_KEYWORD)
 
+    def checked_options(self, key: str, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` with each number-typed one a finite number (text such as YAML's "1e-6" read as one);
+        anything else is a ValueError naming ``lr_scheduler_kwargs`` and the option, before any step."""
+        params = inspect.signature(self.options_of).parameters
+        checked = dict(options)
+        for name, value in options.items():
+            kind = _number_kind(params[name].annotation) if name in params else None
+            if kind is None or value is None:
+                continue
+            if isinstance(value, str):
+                try:
+                    value = checked[name] = float(value) if kind == "float" else int(value)
+                except ValueError:
+                    pass
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not is_number or (kind == "int" and not float(value).is_integer()):
+                default = params[name].default
+                raise ValueError(
+                    f"lr_scheduler_kwargs {name}={value!r} is invalid for the {key!r} lr scheduler: it must be a "
+                    f"finite {'whole ' if kind == 'int' else ''}number; pass e.g. lr_scheduler_kwargs={{{name!r}: "
+                    f"{default!r}}}"
+                )
+        return checked
+
+
+def _number_kind(annotation: Any) -> str | None:
+    """"float" or "int" for an option annotated as that type (or it or None); None for anything else."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    names = {part.strip() for part in text.split("|")} - {"None"}
+    return names.pop() if len(names) == 1 and names <= {"float", "int"} else None
+
 
 _WARMUP = ("num_warmup_steps",)
 _WARMUP_AND_TOTAL = ("num_warmup_steps", "num_training_steps")
@@ -814,6 +845,8 @@ def get_scheduler(
         raise ValueError(
             f"Unknown scheduler_specific_kwargs {unknown} for the {key!r} lr scheduler; it accepts {accepted}"
         )
+    if options:
+        options = schedule.checked_options(key, options)
     return schedule.factory(optimizer, **{arg: counts[arg] for arg in schedule.steps}, **options)
 
 
@@ -1144,15 +1177,40 @@ def parse_optim_args(optim_args: str | None) -> dict[str, Any]:
             continue
         key, sep, value = entry.partition("=")
         if not key or not sep or "=" in value:
-            raise ValueError(f"Malformed optim_args entry {entry!r}: expected key=value")
+            raise ValueError(
+                f"optim_args={optim_args!r} is invalid: the entry {entry!r} is not key=value; write e.g. "
+                "optim_args='momentum=0.9,nesterov=True'"
+            )
         options[key] = _convert_value(value)
     return options
 
 
 def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.lower() in ("true", "1", "yes")
-    return bool(value)
+    # HfArgumentParser's words; anything else ("maybe") is an error, never a silent False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "t", "y", "false", "0", "no", "f", "n"):
+        return value.lower() in ("true", "1", "yes", "t", "y")
+    raise ValueError("not True or False")
+
+
+def _finite_float(value: Any) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError("not finite")
+    return number
+
+
+def _finite_int(value: Any) -> int:
+    if isinstance(value, bool) or not float(value).is_integer():
+        raise ValueError("not a whole number")
+    return int(value)
+
+
+# converter -> what a value must be, for the error message
+_CONVERTED = {_as_bool: "True or False", _finite_float: "a finite number", _finite_int: "a whole number"}
 
 
 def _optim_options(args: Any, name: str, converters: dict[str, Callable[[Any], Any]]) -> dict[str, Any]:
@@ -1161,7 +1219,18 @@ def _optim_options(args: Any, name: str, converters: dict[str, Callable[[Any], A
     ignored = sorted(set(options) - set(converters))
     if ignored:
         logger.warning("optim=%r ignores optim_args %s (it reads %s)", name, ignored, sorted(converters))
-    return {key: convert(options[key]) for key, convert in converters.items() if key in options}
+    converted = {}
+    for key, convert in converters.items():
+        if key in options:
+            try:
+                converted[key] = convert(options[key])
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"optim_args {key}={options[key]!r} is invalid for optim={name!r}: it must be "
+                    f"{_CONVERTED.get(convert, 'a ' + getattr(convert, '__name__', 'value'))}; fix it in "
+                    f"optim_args={getattr(args, 'optim_args', None)!r}"
+                ) from None
+    return converted
 
 
 def _adam_options(args: Any) -> dict[str, Any]:
@@ -1199,12 +1268,13 @@ def _torch_optimizer(
 _TORCH_OPTIMIZERS: dict[str, tuple[type[Optimizer], dict[str, Callable[[Any], Any]]]] = {
     "sgd": (
         torch.optim.SGD,
-        {"momentum": float, "dampening": float, "weight_decay": float, "nesterov": _as_bool},
+        {"momentum": _finite_float, "dampening": _finite_float, "weight_decay": _finite_float, "nesterov": _as_bool},
     ),
-    "adagrad": (torch.optim.Adagrad, {"lr_decay": float, "weight_decay": float, "eps": float}),
+    "adagrad": (torch.optim.Adagrad, {"lr_decay": _finite_float, "weight_decay": _finite_float, "eps": _finite_float}),
     "rmsprop": (
         torch.optim.RMSprop,
-        {"momentum": float, "alpha": float, "eps": float, "weight_decay": float, "centered": _as_bool},
+        {"momentum": _finite_float, "alpha": _finite_float, "eps": _finite_float, "weight_decay": _finite_float,
+         "centered": _as_bool},
     ),
 }
 
@@ -1231,7 +1301,7 @@ def _bitsandbytes(name: str, args: Any, model: nn.Module | None = None) -> tuple
         return bnb.Lion, {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2), **bits}
     if "ademamix" in name:
         keys = ("beta1", "beta2", "beta3", "alpha", "eps", "t_alpha", "t_beta3")
-        opts = _optim_options(args, name, {k: (int if k.startswith("t_") else float) for k in keys})
+        opts = _optim_options(args, name, {k: (_finite_int if k.startswith("t_") else _finite_float) for k in keys})
         betas = (opts.get("beta1", args.adam_beta1), opts.get("beta2", args.adam_beta2), opts.get("beta3", 0.9999))
         ademamix = {
             "betas": betas,

@@ -37,7 +37,6 @@ def load_history(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     """
     from .checkpoint import TRAINER_STATE_NAME
     from .integrations.jsonl import LOG_HISTORY_NAME, read_log_history
-    from .trainer_callback import TrainerState
     from .trainer_utils import get_last_checkpoint
 
     run_dir = Path(run_dir)
@@ -51,7 +50,7 @@ def load_history(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     found = []
     for path in candidates:
         if path.is_file():
-            history = read_log_history(path) if path.suffix == ".jsonl" else TrainerState.load_from_json(str(path)).log_history
+            history = read_log_history(path) if path.suffix == ".jsonl" else _state_history(path)
             found.append((max((h.get("step", 0) for h in history), default=-1), len(history), history, path))
     if not found:
         raise FileNotFoundError(
@@ -60,6 +59,52 @@ def load_history(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
         )
     _, _, history, path = max(found, key=lambda f: (f[0], f[1]))  # the furthest along, then the fullest
     return history, path
+
+
+def _state_history(path: Path) -> list[dict[str, Any]]:
+    """The ``log_history`` of a ``trainer_state.json``: rows that are not objects with an integer step are skipped
+    (with a warning); a file that holds no list of rows is a ValueError naming it."""
+    from .trainer_callback import TrainerState
+
+    try:
+        history = TrainerState.load_from_json(str(path)).log_history
+    except (ValueError, TypeError, AttributeError) as error:  # not JSON, or not an object
+        raise ValueError(f"{path} is not a readable trainer_state.json ({type(error).__name__}: {error})") from None
+    if not isinstance(history, list):
+        raise ValueError(
+            f"{path}: log_history is {type(history).__name__} {str(history)[:40]!r}, not a list of logged rows; "
+            "the file was not written by a Trainer (or was edited)"
+        )
+    rows = [h for h in history if isinstance(h, dict) and type(h.get("step", 0)) is int]
+    if len(rows) < len(history):
+        logger.warning("%s: %d of %d log_history rows are not objects with an integer step: skipped", path,
+                       len(history) - len(rows), len(history))
+    return rows
+
+
+def _mathtext_safe(text: str) -> str:
+    # matplotlib reads text between two $ as a formula: a metric named "eval_$acc" would stop the whole plot
+    return text.replace("$", r"\$")
+
+
+def output_path(out: str | Path) -> Path:
+    """Where ``plot_history`` writes: ``out`` with ``.png`` added when it has no extension.
+
+    Raises:
+        ValueError: an extension matplotlib cannot write.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out = Path(out)
+    if not out.suffix:
+        return out.with_name(out.name + ".png")  # matplotlib would add it too: the path printed is the one written
+    kinds = FigureCanvasAgg.get_supported_filetypes()
+    if out.suffix[1:].lower() not in kinds:
+        raise ValueError(
+            f"--out={str(out)!r}: matplotlib cannot write {out.suffix!r} files; end the name with .png (or one of "
+            f"{', '.join('.' + kind for kind in sorted(kinds))})"
+        )
+    return out
 
 
 def panels(history: list[dict[str, Any]]) -> list[tuple[str, list[tuple[str, list[int], list[float]]]]]:
@@ -104,6 +149,7 @@ def plot_history(history: list[dict[str, Any]], out: str | Path, title: str = ""
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    out = output_path(out)
     drawn = panels(history)
     if not drawn:
         raise ValueError(f"nothing to plot: the history has no loss, learning rate, grad norm or eval metric ({len(history)} rows)")
@@ -112,8 +158,8 @@ def plot_history(history: list[dict[str, Any]], out: str | Path, title: str = ""
     fig, axes = plt.subplots(rows, COLUMNS, figsize=(width / DPI, height / DPI), dpi=DPI, squeeze=False)
     for ax, (name, lines) in zip(axes.flat, drawn):
         for label, steps, values in lines:
-            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
-        ax.set_title(name)
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=_mathtext_safe(label))
+        ax.set_title(_mathtext_safe(name))
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if len(lines) > 1:
@@ -121,9 +167,8 @@ def plot_history(history: list[dict[str, Any]], out: str | Path, title: str = ""
     for ax in list(axes.flat)[len(drawn):]:
         ax.axis("off")
     if title:
-        fig.suptitle(title)
+        fig.suptitle(_mathtext_safe(title))
     fig.tight_layout()
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI)  # no bbox_inches="tight": the size stays figure_size's
     plt.close(fig)

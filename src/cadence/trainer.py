@@ -143,6 +143,7 @@ class Trainer:
         if args.enable_jit_checkpoint:
             default_callbacks.append(checkpoint.JITCheckpointCallback)
         self.callback_handler = CallbackHandler(default_callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler)
+        integrations.check_args(args, self.callback_handler.callbacks)  # an unwritable logging_dir: refused now
         self.state = TrainerState(
             is_local_process_zero=args.local_process_index == 0, is_world_process_zero=args.process_index == 0
         )

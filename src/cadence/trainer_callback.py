@@ -120,6 +120,18 @@ class ExportableState:
         return instance
 
 
+def _json_value(value: Any) -> Any:
+    """A logged value JSON cannot write, as ``trainer_state.json`` keeps it: a numpy or torch scalar as its number
+    (``.item()``), anything else as its ``repr`` (the log is a record, not an object to rebuild)."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:  # noqa: BLE001 - a larger array or an object whose item() means something else
+            pass
+    return repr(value)
+
+
 @dataclass
 class TrainerState:
     """What the Trainer knows about the run; saved as ``trainer_state.json`` in each checkpoint.
@@ -165,7 +177,12 @@ class TrainerState:
         Args:
             json_path: file to write.
         """
-        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        state = dataclasses.asdict(self)
+        try:
+            text = json.dumps(state, indent=2, sort_keys=True) + "\n"
+        except TypeError:  # a user's log() held what JSON cannot write: a numpy scalar, an object, an int key
+            state["log_history"] = [{str(k): v for k, v in row.items()} for row in state["log_history"]]
+            text = json.dumps(state, indent=2, sort_keys=True, default=_json_value) + "\n"
         with open(json_path, "w", encoding="utf-8") as f:
             f.write(text)
 

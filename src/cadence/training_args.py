@@ -22,12 +22,14 @@ import json
 import logging
 import math
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from .trainer_utils import HubStrategy, IntervalStrategy, SaveStrategy, SchedulerType, _StrEnum
@@ -621,7 +623,8 @@ class TrainingArguments:
     )
 
     def __post_init__(self):
-        # 1. Resolve input forms: 4.x aliases, None/str/bool shorthands, JSON strings.
+        # 1. Resolve input forms: text for bools and numbers, 4.x aliases, None/str/bool shorthands, JSON strings.
+        _parse_text_values(self)
         _resolve_aliases(self)
         _resolve_output_dir(self)
         _parse_json_dict_fields(self)
@@ -636,6 +639,7 @@ class TrainingArguments:
         _derive_simple_defaults(self)
         _derive_torch_compile(self)
         # 4. Single values.
+        _check_finite(self)
         _check_value_rules(self)
         _check_choices(self)
         _check_step_intervals(self)
@@ -1128,6 +1132,63 @@ def _default_dict(cls: type) -> dict[str, Any]:
         return {}
 
 
+# The words HfArgumentParser's string_to_bool reads as True / False (any case).
+_TRUE_WORDS = ("yes", "true", "t", "y", "1")
+_FALSE_WORDS = ("no", "false", "f", "n", "0")
+
+
+def _annotation_names(annotation: Any) -> set[str]:
+    """``"bool | None"`` (or ``Optional[bool]``, or the type objects) -> ``{"bool", "None"}``."""
+    if isinstance(annotation, str):
+        text = annotation.strip()
+        if text.startswith("Optional[") and text.endswith("]"):
+            text = text[len("Optional["):-1] + " | None"
+        return {part.strip() for part in text.split("|")}
+    members = typing.get_args(annotation) or (annotation,)
+    return {"None" if m is type(None) else getattr(m, "__name__", str(m)) for m in members}
+
+
+@functools.cache
+def _scalar_fields(cls: type) -> dict[str, str]:
+    """field -> "bool", "int" or "float": the fields of exactly that type (or it or None)."""
+    kinds = {}
+    for f in dataclasses.fields(cls):
+        names = _annotation_names(f.type) - {"None"}
+        if len(names) == 1 and (kind := names.pop()) in ("bool", "int", "float"):
+            kinds[f.name] = kind
+    return kinds
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
+        return value.strip().lower() in _TRUE_WORDS
+    raise _invalid(name, value, "True or False (as text: one of " + "/".join(_TRUE_WORDS) + " or "
+                   + "/".join(_FALSE_WORDS) + ", any case)", f"pass {name}=True or {name}=False")
+
+
+def _parse_text_values(args: TrainingArguments) -> None:
+    """Bool, int and float fields given as text (a JSON or YAML config, an environment variable) become what
+    HfArgumentParser makes of the same text on a command line: "false" is False (a non-empty string is truthy,
+    so taken as it is it would switch the option on), "1e-3" is 0.001. Other values of a bool field are refused."""
+    for name, kind in _scalar_fields(type(args)).items():
+        value = getattr(args, name)
+        if value is None:
+            continue  # None of a plain bool field is falsy, as in transformers
+        if kind == "bool":
+            setattr(args, name, _as_bool(name, value))
+        elif isinstance(value, str):
+            try:
+                setattr(args, name, int(value) if kind == "int" else float(value))
+            except ValueError:
+                default = _field_defaults(type(args))[name]
+                raise _invalid(name, value, "an integer" if kind == "int" else "a number",
+                               f"pass a number such as {name}={default!r}") from None
+
+
 def _resolve_aliases(args: TrainingArguments) -> None:
     """Move each 4.x spelling into its 5.x field; the two disagreeing is an error."""
     defaults = _field_defaults(type(args))
@@ -1249,6 +1310,15 @@ def _derive_torch_compile(args: TrainingArguments) -> None:
         args.torch_compile = True
     if args.torch_compile and args.torch_compile_backend is None:
         args.torch_compile_backend = "inductor"
+
+
+def _check_finite(args: TrainingArguments) -> None:
+    # inf or NaN in a learning rate, a decay or a beta trains to NaN weights while the run "succeeds".
+    for name, kind in _scalar_fields(type(args)).items():
+        value = getattr(args, name)
+        if kind == "float" and isinstance(value, float) and not math.isfinite(value):
+            fix = _VALUE_RULES[name][2] if name in _VALUE_RULES else f"pass a finite {name}"
+            raise _invalid(name, value, "a finite number", fix)
 
 
 def _check_value_rules(args: TrainingArguments) -> None:

@@ -6,6 +6,15 @@ uploads checkpoints, ``saved``); this base class calls them from the Trainer's e
 - only the main process (``state.is_world_process_zero``) reports;
 - the run starts at ``on_train_begin``, or at the first ``on_log`` (an ``evaluate()`` before training);
 - a tracker that raises (disk gone, server down) logs one error and is switched off; training goes on;
+- a value a tracker cannot take (a key that is not a string, an object JSON cannot write, a name MLflow
+  refuses) is left out of that tracker's logs with one warning per key (``skip``); its other values and
+  rows are written. Numbers are numbers everywhere: numpy scalars and one-element tensors or arrays too
+  (``number``);
+- a folder the run is told to write to (``logging_dir``) that cannot be written is refused when the
+  ``Trainer`` is built (``check_args``), before anything is written;
+- outside ``train()`` (an ``evaluate()`` after training, a user's ``log()``) each log opens the tracker's
+  run, is written and closes it again: no file stays open after the call, and the next one continues
+  the same run;
 - ``run_id`` (what names the tracker's run: a folder, a run id) is kept in every checkpoint through
   ``TrainerState.stateful_callbacks`` (``ExportableState``), so a resumed run continues the same
   tracker run instead of starting a second one;
@@ -22,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import os
 import time
 from typing import Any
 
@@ -87,6 +98,63 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def number(value: Any) -> int | float | bool | None:
+    """``value`` as a plain Python number if it is one, else None: ``int``, ``float`` and ``bool`` (subclasses
+    such as ``numpy.float64`` as the plain type), numpy scalars, one-element numpy arrays and torch tensors.
+
+    Example:
+        >>> import numpy as np, torch
+        >>> number(np.float32(0.5)), number(torch.tensor([2])), number("0.5"), number(torch.ones(2))
+        (0.5, 2, None, None)
+    """
+    kind = type(value)
+    if kind is float or kind is int or kind is bool:  # the usual log: nothing to convert
+        return value
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, int):
+        return int(value)
+    if kind.__module__.partition(".")[0] in ("numpy", "torch"):  # only their .item() is known to mean this
+        try:
+            value = value.item()  # a larger array or tensor raises (ValueError, RuntimeError), a meta tensor too
+        except Exception:  # noqa: BLE001 - whatever it raises, it is not a number to log
+            return None
+        return value if type(value) in (int, float, bool) else None  # not a complex number, not a text
+    return None
+
+
+def as_float(value: int | float) -> float:
+    """``float(value)``; an int beyond float64's range is infinity of its sign (as float32 trackers store it)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def unwritable(folder: str) -> str | None:
+    """Why ``folder`` cannot be created or written to (its nearest existing part is a file, or not writable),
+    else None. Creates nothing.
+
+    Example:
+        >>> unwritable("/proc/runs")
+        '/proc is not writable'
+    """
+    path = os.path.abspath(os.path.expanduser(folder))
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path} is not a folder"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
+
+
+def describe(value: Any) -> str:
+    """``value``'s type and a short repr, for a warning."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
 class TrackerCallback(TrainerCallback, ExportableState):
     """Base of the ``report_to`` callbacks (see the module docstring)."""
 
@@ -99,6 +167,8 @@ class TrackerCallback(TrainerCallback, ExportableState):
         self._pending: list[tuple[dict, int, float]] = []  # (logs, step, wall time) not yet written
         self._write_at = 0.0  # time.monotonic() from which the pending logs are written
         self._in_train = False  # between on_train_begin and the end: logs may wait (outside, each is written at once)
+        self._run_trained = False  # the open run has seen training (a new training from step 0 is a new run)
+        self._skipped: set = set()  # keys already warned about (skip)
 
     # ---------------------------------------------------------------- what a tracker implements
 
@@ -120,6 +190,20 @@ class TrackerCallback(TrainerCallback, ExportableState):
 
     def saved(self, args: Any, state: Any) -> None:
         """A checkpoint was written (``output_dir/checkpoint-{global_step}``)."""
+
+    def check_args(self, args: Any) -> None:
+        """Raise ValueError for arguments this tracker cannot run with (called when the ``Trainer`` is built)."""
+
+    # ---------------------------------------------------------------- values a tracker cannot take
+
+    def skip(self, key: Any, value: Any, why: str) -> None:
+        """Leave ``key`` out of this tracker's logs; warn the first time for this key (``why``: what the tracker
+        needs, e.g. "not a number")."""
+        if key in self._skipped:
+            return
+        self._skipped.add(key)
+        logger.warning("report_to %r cannot take the logged %r (%s): %s; left out of its logs (the other values are "
+                       "written; this warning once per key)", self.report_to_name, key, describe(value), why)
 
     # ---------------------------------------------------------------- checkpointed state
 
@@ -158,13 +242,14 @@ class TrackerCallback(TrainerCallback, ExportableState):
     def _ensure_started(self, args: Any, state: Any, model: Any) -> None:
         if self._started:
             return
-        resumed = state.global_step > 0  # a resumed run, or evaluate()/train() again after training
-        if not resumed:
-            self.run_id = None  # a new training from step 0 is a new tracker run (also each search trial)
-        elif self.run_id is None:
+        if state.global_step == 0:
+            if self._run_trained:  # a new training from step 0 is a new tracker run (also each search trial);
+                self.run_id = None  # an evaluate() before it belongs to its run
+        elif self.run_id is None:  # a resumed run, or evaluate()/train() again after training
             self.run_id = self._saved_run_id(state)
-        self.start(args, state, model, resumed and self.run_id is not None)
+        self.start(args, state, model, self.run_id is not None)
         self._started = True
+        self._run_trained = state.global_step > 0
 
     def _write_pending(self) -> None:
         rows, self._pending = self._pending, []
@@ -190,7 +275,7 @@ class TrackerCallback(TrainerCallback, ExportableState):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.is_world_process_zero:
             self._safely("on_train_begin", self._ensure_started, args, state, model)
-            self._in_train = True
+            self._in_train = self._run_trained = True
 
     def on_log(self, args, state, control, logs=None, model=None, processing_class=None, optimizer=None,
                lr_scheduler=None, train_dataloader=None, eval_dataloader=None, **kwargs):
@@ -207,6 +292,8 @@ class TrackerCallback(TrainerCallback, ExportableState):
         if now >= self._write_at or not self._in_train:
             self._write_at = now + self.flush_secs
             self._safely("on_log", self._write_pending)
+            if not self._in_train:  # an evaluate() or a log() outside training: its files are closed again
+                self.close()
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self._started:

@@ -15,6 +15,10 @@ each event with the wall time of its log. A log's numbers are one ``Event`` whos
 builds itself, with one ``struct.pack`` for a log of numbers: 1.3 us for a training log, where building
 and serializing protobuf's objects takes 5.0 (timeit, same machine; the tests compare the bytes with
 protobuf's own). The other events (texts, file header, purge mark) go through protobuf.
+
+What TensorBoard takes: numbers as scalars (numpy scalars and one-element tensors too; beyond float32,
+infinity of the sign), texts as text. Another value (None, a list, an object), or a key that is not a
+string, is left out with one warning per key.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .base import FLUSH_SECS, TrackerCallback, metric_name
+from .base import FLUSH_SECS, TrackerCallback, metric_name, number, unwritable
 
 
 def default_logdir() -> str:
@@ -80,13 +84,15 @@ def _value_head(key: str) -> bytes:
 
 
 def _scalar(key: str, value: Any) -> bytes:
-    """``key``'s ``Summary.value`` entry; b"" when ``value`` is not a number (a text, None)."""
+    """``key``'s ``Summary.value`` entry for the number ``value`` (struct.error when it is not one)."""
     try:
         return _value_head(key) + _F32.pack(value)
     except OverflowError:  # beyond float32: infinity of the same sign, as protobuf converts it
         return _value_head(key) + _F32.pack(math.copysign(math.inf, value))
-    except Exception:  # noqa: BLE001 - not a number (struct.error): left out, as transformers drops it
-        return b""
+    except struct.error:
+        if isinstance(value, int):  # an int beyond float64 too: infinity of its sign
+            return _value_head(key) + _F32.pack(math.inf if value > 0 else -math.inf)
+        raise
 
 
 @functools.lru_cache(maxsize=256)  # a run logs the same few sets of keys over and over
@@ -98,16 +104,17 @@ def _summary_layout(keys: tuple[str, ...]) -> tuple[Any, list]:
 
 
 def scalars_event(wall_time: float, step: int, logs: dict[str, Any]) -> bytes:
-    """The numbers of ``logs`` as one serialized ``Event(wall_time, step, summary=Summary(value=[Value(tag,
-    simple_value), ...]))``: the bytes protobuf writes (fields in number order, step 0 left out), built directly.
+    """``logs`` as one serialized ``Event(wall_time, step, summary=Summary(value=[Value(tag, simple_value),
+    ...]))``: the bytes protobuf writes (fields in number order, step 0 left out), built directly.
 
-    A number is what converts to a float (ints, bools, numpy scalars) and is not a text."""
+    Every value must be a number (what converts to a float: ints, bools, numpy scalars) and every key a
+    string: else an exception (struct.error, AttributeError), and the caller sorts the log out."""
     pack, args = _summary_layout(tuple(logs))
     args = args.copy()
     args[1::2] = logs.values()
     try:  # the usual log, all numbers within float32: one struct.pack
         summary = pack(*args)
-    except Exception:  # noqa: BLE001 - a text, an overflow: value by value
+    except (struct.error, OverflowError):  # an overflow (or not a number: raised again below): value by value
         summary = b"".join([_scalar(k, v) for k, v in logs.items()])
     step_field = b"\x10" + _varint(step) if step else b""
     return b"\x09" + _F64.pack(wall_time) + step_field + b"\x2a" + _varint(len(summary)) + summary
@@ -169,6 +176,18 @@ class TensorBoardCallback(TrackerCallback):
         self.tb_writer = tb_writer
         self._events = None  # where the events go: cadence's _EventFile or the user's writer
 
+    def check_args(self, args):
+        if self.tb_writer is not None:
+            return
+        name, folder = "logging_dir", args.logging_dir
+        if not folder and os.getenv("TENSORBOARD_LOGGING_DIR"):
+            name, folder = "$TENSORBOARD_LOGGING_DIR", os.environ["TENSORBOARD_LOGGING_DIR"]
+        why = unwritable(folder) if folder else None  # the default is under output_dir, which the Trainer checks
+        if why:
+            raise ValueError(f"{name}={folder!r} cannot be written ({why}): report_to 'tensorboard' writes its event "
+                             f"files there; give a folder this process can write, or leave {name} unset "
+                             f"(output_dir/runs/<time>_<host>)")
+
     def start(self, args, state, model, resumed):
         if self.tb_writer is not None:  # the user's writer
             self.run_id, self._events = self.tb_writer.log_dir, self.tb_writer._get_file_writer()
@@ -206,9 +225,27 @@ class TensorBoardCallback(TrackerCallback):
     def write_rows(self, rows):
         events = []
         for logs, step, wall_time in rows:
-            events.append(scalars_event(wall_time, step, logs))  # every number of the log: one event
-            events += [self._text_event(metric_name(k), v, step, wall_time) for k, v in logs.items() if isinstance(v, str)]
+            try:  # the usual log: all numbers, one event
+                events.append(scalars_event(wall_time, step, logs))
+            except Exception:  # noqa: BLE001 - texts, values that are no numbers, keys that are no names
+                numbers, texts = self._sort_out(logs)
+                events.append(scalars_event(wall_time, step, numbers))
+                events += [self._text_event(metric_name(k), v, step, wall_time) for k, v in texts.items()]
         self._write(events)
+
+    def _sort_out(self, logs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """(the numbers, the texts) of ``logs``; anything else is skipped with a warning."""
+        numbers, texts = {}, {}
+        for key, value in logs.items():
+            if not isinstance(key, str):
+                self.skip(key, value, "a TensorBoard tag is a string")
+            elif isinstance(value, str):
+                texts[key] = value
+            elif (as_number := number(value)) is not None:
+                numbers[key] = as_number
+            else:
+                self.skip(key, value, "TensorBoard takes numbers (scalars) and texts")
+        return numbers, texts
 
     def finish(self, failed):
         if self._events is not None:

@@ -5,16 +5,21 @@ The run goes to project ``WANDB_PROJECT`` (default ``huggingface``) under ``run_
 ``train/global_step``; the end-of-training numbers (``train_runtime``, ``train_loss``, ...) go to
 the run summary. ``WANDB_LOG_MODEL=checkpoint`` uploads each checkpoint folder as a model artifact,
 ``end`` the final model; off by default. A resumed run reopens the run id kept in the checkpoint.
+
+Values go to W&B as they are (it takes numbers, numpy scalars, tensors, texts, lists, its media objects);
+when W&B refuses a log (a key that is not a string, an object it cannot encode), the values it cannot take
+are left out with one warning per key and the rest of the log is sent.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
 from pathlib import Path
 
-from .base import SUMMARY_KEYS, TrackerCallback, rewrite_logs, run_config
+from .base import SUMMARY_KEYS, TrackerCallback, number, rewrite_logs, run_config
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +54,32 @@ class WandbCallback(TrackerCallback):
         wandb.define_metric("*", step_metric="train/global_step", step_sync=True)
 
     def write(self, logs, step):
+        try:
+            self._send(logs, step)
+        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError):  # raised before sending
+            self._send(self._takeable(logs), step)
+
+    def _takeable(self, logs: dict) -> dict:
+        """The values of ``logs`` W&B can take (its history encoder writes them); the others skipped."""
+        encode = getattr(self._wandb.util, "json_dumps_safer_history", json.dumps)  # W&B's encoder for history rows
+        kept = {}
+        for key, value in logs.items():
+            if not isinstance(key, str):
+                self.skip(key, value, "a W&B metric name is a string")
+                continue
+            as_number = number(value)
+            if as_number is not None or type(value).__module__.startswith("wandb"):  # its media objects are its own
+                kept[key] = value if as_number is None else as_number
+                continue
+            try:
+                encode(value)
+            except (TypeError, ValueError, OverflowError, RecursionError) as error:
+                self.skip(key, value, f"W&B cannot encode it ({error})")
+                continue
+            kept[key] = value
+        return kept
+
+    def _send(self, logs, step):
         run = self._wandb.run
         for key in SUMMARY_KEYS.intersection(logs):
             run.summary[key] = logs[key]
@@ -67,7 +98,10 @@ class WandbCallback(TrackerCallback):
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if state.is_world_process_zero and self._started and self._log_model == "end":
-            self._safely("on_train_end", self._upload_final, model, processing_class)
+            if state.interrupted:  # a partly trained model is not the final one; its checkpoint is what resumes
+                logger.warning("W&B: training was interrupted, so no final_model is uploaded (WANDB_LOG_MODEL=end)")
+            else:
+                self._safely("on_train_end", self._upload_final, model, processing_class)
         super().on_train_end(args, state, control, **kwargs)
 
     def _upload_final(self, model, processing_class) -> None:
