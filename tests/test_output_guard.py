@@ -112,6 +112,15 @@ def test_overwrite_output_dir_clears_the_earlier_runs_checkpoints_and_history(tm
     assert path == out / "checkpoint-1" / "trainer_state.json" and all(h["step"] <= 1 for h in history)
 
 
+def test_overwrite_output_dir_false_as_text_keeps_the_earlier_checkpoints(tmp_path):
+    """"false" (from a JSON config or an environment variable) is False: the earlier run's checkpoint stays."""
+    out = tmp_path / "run"
+    train(str(out), stop=4, save_steps=4)
+    before = (out / "checkpoint-4" / "model.safetensors").read_bytes()
+    train(str(out), stop=1, overwrite_output_dir="false")
+    assert listing(out) == ["checkpoint-4"] and (out / "checkpoint-4" / "model.safetensors").read_bytes() == before
+
+
 def test_a_second_train_call_runs_again_in_its_own_output_dir(tmp_path, caplog):
     out = str(tmp_path / "run")
     trainer, _ = train(out, stop=2, save_steps=2)
