@@ -447,7 +447,7 @@ class Trainer:
         main = args.process_index == 0  # one owner, also with save_on_each_node on a shared disk
         if main:
             lock.acquire()
-        if resume_from_checkpoint in (None, False) and output_guard.restarted_by_torchrun():
+        if resume_from_checkpoint is None and output_guard.restarted_by_torchrun():  # False: told not to resume
             resume_from_checkpoint = self._restarted_job_checkpoint()
         if resume_from_checkpoint in (None, False):
             output_guard.note_earlier_run(lock, args.overwrite_output_dir, delete=main)
