@@ -378,3 +378,37 @@ def test_the_loop_state_name_is_the_checkpoints():
     from cadence import checkpoint
 
     assert output_guard.LOOP_STATE_NAME == checkpoint.LOOP_STATE_NAME
+
+
+class StartStep(TrainerCallback):
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step
+
+
+def test_a_restarted_torchrun_job_resumes_its_newest_intact_checkpoint_and_never_another_jobs(tmp_path, monkeypatch, caplog):
+    """In one process, with torchrun's variables set: this job's checkpoint-4 is damaged, so its restart resumes its
+    checkpoint-2 and ends as the unbroken run; another job restarting in that folder resumes nothing of it."""
+    from test_resume import assert_same_run
+
+    out = tmp_path / "run"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    full = train(str(tmp_path / "full"))
+    train(str(out), stop=4, save_steps=2)
+    assert json.loads((out / "checkpoint-4" / "loop_state.json").read_text())["job"] == output_guard.job_identity()
+    data = bytearray((out / "checkpoint-4" / "optimizer.pt").read_bytes())
+    data[-20] ^= 0xFF  # a flipped byte: the manifest's sha256 no longer matches
+    (out / "checkpoint-4" / "optimizer.pt").write_bytes(bytes(data))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    start = StartStep()
+    with caplog.at_level(logging.WARNING):
+        resumed = train(str(out), callbacks=[start])  # not told to resume
+    assert start.step == 2
+    assert any("resuming from its newest intact checkpoint" in r.getMessage() and "checkpoint-2" in r.getMessage()
+               for r in caplog.records)
+    assert_same_run(full, resumed)
+    # another job (another run id), restarted into this folder: a new run from step 0, the checkpoints kept
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-b")
+    start = StartStep()
+    train(str(out), stop=1, callbacks=[start])
+    assert start.step == 0
