@@ -5,6 +5,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+# comet_ml, once imported (transformers' Trainer imports it when it is installed), patches mlflow and writes an
+# offline Comet experiment into the working directory for every MLflow run: off for the tests
+os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
 # one thread by default (the suite's machines are shared); OMP_NUM_THREADS=2 runs it on two, to show that no
 # test's equality depends on the thread count
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

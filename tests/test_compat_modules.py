@@ -30,7 +30,8 @@ def test_names_are_cadence_code():
         pt: ["IterableDatasetShard", "ShardSampler", "DistributedLengthGroupedSampler", "DistributedSamplerWithLoop",
              "EvalLoopContainer", "numpy_pad_and_concatenate", "torch_pad_and_concatenate", "get_parameter_names",
              "LabelSmoother", "LengthGroupedSampler", "get_length_grouped_indices"],
-        utils: ["sort_checkpoints", "rotate_checkpoints", "RemoveColumnsCollator", "check_target_module_exists"],
+        utils: ["sort_checkpoints", "rotate_checkpoints", "RemoveColumnsCollator", "check_target_module_exists",
+                "TrainerMemoryTracker"],
     }
     from cadence import integrations, trainer_jit_checkpoint, trainer_optimizer
 

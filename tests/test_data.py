@@ -530,14 +530,33 @@ class OutOfMemoryTagger(torch.nn.Module):
 
         self.inner = TokenTagger(dtype=torch.float64, seed=4)
         self.train_limit, self.eval_limit, self.after_calls, self.calls, self.ooms = train_limit, eval_limit, after_calls, 0, 0
+        self.failed_sizes = []
 
     def forward(self, input_ids, labels=None):
         limit = self.train_limit if self.training else self.eval_limit
         self.calls += 1
         if limit is not None and input_ids.shape[0] > limit and self.calls > self.after_calls:
             self.ooms += 1
+            self.failed_sizes.append(input_ids.shape[0])
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected: batch {input_ids.shape[0]} > {limit})")
         return self.inner(input_ids, labels)
+
+
+def accelerate_sizes(start, fits):
+    """The batch sizes accelerate's find_executable_batch_size (which transformers' auto_find_batch_size uses)
+    tries from ``start`` when sizes above ``fits`` run out of memory."""
+    from accelerate.utils import find_executable_batch_size
+
+    tried = []
+
+    @find_executable_batch_size(starting_batch_size=start)
+    def attempt(batch_size):
+        tried.append(batch_size)
+        if batch_size > fits:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+
+    attempt()
+    return tried
 
 
 def oom_run(out_dir, model, **kw):
@@ -557,10 +576,12 @@ def test_auto_find_batch_size_keeps_the_global_batch_and_the_weights(out_dir, ca
     model = OutOfMemoryTagger(train_limit=2, after_calls=3)
     with caplog.at_level(logging.WARNING, logger="cadence"):
         trainer = oom_run(out_dir, model, auto_find_batch_size=True)
-    assert model.ooms == 2  # 8 -> 4 -> 2
-    assert "out of memory at per-device train batch size 8: redoing step 2 with batch 4 x 4 accumulation" in caplog.text
-    assert "out of memory at per-device train batch size 4: redoing step 2 with batch 2 x 8 accumulation" in caplog.text
+    assert model.ooms == 6  # 8 -> 7 -> 6 -> 5 -> 4 -> 3 -> 2: 10% smaller each time, as transformers
+    assert model.failed_sizes == accelerate_sizes(8, fits=2)[:-1]
+    assert "out of memory at per-device train batch size 8: redoing step 2 with micro-batches of 7 (2 x 2 accumulation" in caplog.text
+    assert "out of memory at per-device train batch size 3: redoing step 2 with micro-batches of 2 (4 x 2 accumulation" in caplog.text
     assert trainer.state.train_batch_size == 2 and reference.state.train_batch_size == 8
+    assert trainer._train_batch_size == 8  # transformers' attribute: the batch loaded (then cut in micro-batches)
     assert trainer.state.global_step == reference.state.global_step == 8  # 8 batches of 8 an epoch -> 4 steps
     for name, value in reference.model.state_dict().items():
         assert torch.allclose(trainer.model.state_dict()[name], value, rtol=0, atol=1e-12), name
@@ -568,6 +589,29 @@ def test_auto_find_batch_size_keeps_the_global_batch_and_the_weights(out_dir, ca
     assert len(losses) == 8 and all(a == pytest.approx(b, rel=1e-12) for a, b in losses)
     start = OutOfMemoryTagger().state_dict()
     assert max((start[k] - v).abs().max().item() for k, v in reference.model.state_dict().items()) > 1e-2  # it trained
+
+
+def test_a_resumed_run_keeps_the_shrunk_micro_batches(out_dir, tmp_path):
+    """As transformers restores its shrunk batch from trainer_state.json with auto_find_batch_size: the resumed
+    run starts with the micro-batches the saving run had reached, runs out of memory no more, and ends with the
+    unbroken run's weights."""
+    from tiny import TokenDataset, pad_collate, stop_at
+
+    def run(out, model, resume=None, callbacks=None):
+        args = make_args(out, per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=8,
+                         learning_rate=0.05, seed=9, auto_find_batch_size=True, save_strategy="steps", save_steps=4)
+        trainer = Trainer(model, args, train_dataset=TokenDataset(60), data_collator=pad_collate, callbacks=callbacks)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    unbroken = run(out_dir, OutOfMemoryTagger(train_limit=2, after_calls=3))
+    first = run(str(tmp_path / "r"), OutOfMemoryTagger(train_limit=2, after_calls=3), callbacks=[stop_at(4)])
+    assert first.state.train_batch_size == 2 and first.model.ooms == 6
+    model = OutOfMemoryTagger(train_limit=2)  # would run out of memory at once with batches above 2
+    resumed = run(str(tmp_path / "r"), model, resume=True)
+    assert model.ooms == 0 and resumed.state.train_batch_size == 2 and resumed.state.global_step == 8
+    for name, value in unbroken.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], value), name
 
 
 def test_out_of_memory_without_auto_find_batch_size_is_raised(out_dir):
@@ -587,8 +631,9 @@ def test_eval_out_of_memory_shrinks_only_the_eval_batch(out_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="cadence"):
         trainer, metrics = evaluate(OutOfMemoryTagger(eval_limit=3), auto_find_batch_size=True)
     assert metrics["eval_loss"] == pytest.approx(expected["eval_loss"], rel=1e-12)
-    assert trainer.args.per_device_eval_batch_size == 2 and trainer.args.per_device_train_batch_size == 8
-    assert "eval batch size 8: evaluating again with 4" in caplog.text and "with 2" in caplog.text
+    assert trainer.args.per_device_eval_batch_size == 3 and trainer.args.per_device_train_batch_size == 8
+    assert trainer.model.failed_sizes == accelerate_sizes(8, fits=3)[:-1] == [8, 7, 6, 5, 4]
+    assert "eval batch size 8: evaluating again with 7" in caplog.text and "size 4: evaluating again with 3" in caplog.text
 
 
 def test_eval_dataloader_by_name_removes_columns_too(out_dir):

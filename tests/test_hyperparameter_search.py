@@ -284,3 +284,22 @@ def test_trial_values_of_the_wrong_type_name_the_field_and_bool_text_is_read(tmp
         trial_arguments(base, {"learning_rate": "abc"}, str(tmp_path / "r"))
     # bool("false") would be True: the text is read as the command line reads it
     assert trial_arguments(base, {"disable_tqdm": "false"}, str(tmp_path / "r")).disable_tqdm is False
+
+
+def test_all_hyperparameter_search_backends_as_transformers_names_them(tmp_path):
+    """transformers' own check (keys in the enum's order) plus its lookups: is_available / pip_install on the class."""
+    import transformers.hyperparameter_search as hf
+
+    from cadence.hyperparameter_search import ALL_HYPERPARAMETER_SEARCH_BACKENDS, default_hp_search_backend
+    from cadence.trainer_utils import HPSearchBackend
+
+    assert list(ALL_HYPERPARAMETER_SEARCH_BACKENDS) == list(HPSearchBackend)
+    assert {k.value for k in hf.ALL_HYPERPARAMETER_SEARCH_BACKENDS} <= {k.value for k in ALL_HYPERPARAMETER_SEARCH_BACKENDS}
+    optuna_backend = ALL_HYPERPARAMETER_SEARCH_BACKENDS[HPSearchBackend.OPTUNA]
+    assert optuna_backend.is_available() and optuna_backend.name == "optuna"
+    assert optuna_backend.pip_install() == hf.ALL_HYPERPARAMETER_SEARCH_BACKENDS[hf.HPSearchBackend.OPTUNA].pip_install()
+    assert not ALL_HYPERPARAMETER_SEARCH_BACKENDS[HPSearchBackend.WANDB].is_available()  # not run by cadence
+    assert default_hp_search_backend() == hf.default_hp_search_backend() == "optuna"
+    trainer = Trainer(args=make_args(tmp_path), model_init=model_init, train_dataset=TRAIN, eval_dataset=EVAL)
+    with pytest.raises(ValueError, match="'wandb' is not built in cadence"):
+        trainer.hyperparameter_search(n_trials=1, backend="wandb")

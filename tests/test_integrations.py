@@ -95,14 +95,14 @@ def hostile_run(out_dir, report_to, caplog, **kw):
 def test_all_means_every_installed_tracker(monkeypatch):
     monkeypatch.delenv("DISABLE_MLFLOW_INTEGRATION", raising=False)
     expected = [n for n in ("tensorboard", "mlflow", "wandb", "trackio") if importlib.util.find_spec(n)] + ["jsonl"]
-    assert TrainingArguments(report_to="all").report_to == expected
+    assert [n for n in TrainingArguments(report_to="all").report_to if n in expected] == expected  # (more: test_trackers_more)
     monkeypatch.setenv("DISABLE_MLFLOW_INTEGRATION", "TRUE")  # transformers' switch
     assert "mlflow" not in TrainingArguments(report_to="all").report_to
 
 
 @pytest.mark.parametrize("report_to, words", [
     ("bogus", ["'bogus'", "not a tracker name", "'tensorboard'"]),
-    ("comet_ml", ["'comet_ml'", "cadence does not yet"]),
+    ("neptune", ["'neptune'", "cadence does not yet"]),
     (["none", "jsonl"], ["'none'", "stand alone"]),
 ])
 def test_unknown_name_is_refused_with_the_valid_ones(report_to, words):

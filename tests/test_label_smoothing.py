@@ -82,3 +82,36 @@ def test_same_run_as_transformers(out_dir):
     assert cd_losses == pytest.approx(hf_losses, rel=1e-5)
     for name, value in hf_w.items():
         assert torch.allclose(cd_w[name], value, atol=1e-5, rtol=1e-4), name
+
+
+def test_multi_label_classifier_disables_smoothing_as_transformers(out_dir):
+    """transformers warns and trains without smoothing (a softmax cross-entropy cannot smooth the float
+    targets of a multi-label model): same warning, same losses as transformers on the same seed."""
+    import warnings
+
+    import transformers
+    from transformers import BertConfig, BertForSequenceClassification
+    from tiny import make_args
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(1, 30, (6,), generator=g),
+             "labels": torch.randint(0, 2, (3,), generator=g).float()} for _ in range(16)]
+
+    def run(lib):
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=32, num_labels=3, problem_type="multi_label_classification",
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        args = make_args(out_dir, lib, label_smoothing_factor=0.1, per_device_train_batch_size=4, max_steps=3,
+                         logging_steps=1, learning_rate=0.1, seed=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = lib.Trainer(BertForSequenceClassification(config), args, train_dataset=rows)
+        assert trainer.label_smoother is None
+        assert any(issubclass(w.category, UserWarning) and "Label smoothing is not compatible with multi-label"
+                   in str(w.message) for w in caught)
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    ours, theirs = run(__import__("cadence")), run(transformers)
+    assert len(ours) == 3 and ours == pytest.approx(theirs, rel=1e-5)  # float32 across libraries

@@ -238,11 +238,16 @@ def _fits_at_most(limit, error):
     [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"),
      RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB")],
 )
-def test_find_executable_batch_size_halves_on_oom(error):
+def test_find_executable_batch_size_shrinks_10_percent_on_oom_as_accelerate(error):
+    from accelerate.utils import find_executable_batch_size as accelerate_find
+
     train, tried = _fits_at_most(20, error)
     wrapped = find_executable_batch_size(train, starting_batch_size=128, auto_find_batch_size=True)
-    assert wrapped(scale=10) == 160
-    assert tried == [128, 64, 32, 16]
+    assert wrapped(scale=10) == 190
+    assert tried == [128, 115, 103, 92, 82, 73, 65, 58, 52, 46, 41, 36, 32, 28, 25, 22, 19]
+    reference, theirs = _fits_at_most(20, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    accelerate_find(reference, starting_batch_size=128)(scale=10)
+    assert theirs == tried
 
 
 def test_find_executable_batch_size_as_decorator_with_arguments():
@@ -255,14 +260,14 @@ def test_find_executable_batch_size_as_decorator_with_arguments():
             raise torch.OutOfMemoryError("out of memory")
         return batch_size
 
-    assert train() == 2 and tried == [8, 4, 2]
+    assert train() == 2 and tried == [8, 7, 6, 5, 4, 3, 2]
 
 
 def test_find_executable_batch_size_gives_up_at_zero():
     train, tried = _fits_at_most(0, torch.OutOfMemoryError("out of memory"))
     with pytest.raises(RuntimeError, match="No executable batch size"):
         find_executable_batch_size(train, starting_batch_size=5, auto_find_batch_size=True)()
-    assert tried == [5, 2, 1]
+    assert tried == [5, 4, 3, 2, 1]
 
 
 def test_find_executable_batch_size_reraises_other_errors():

@@ -278,6 +278,14 @@ class Backend:
 
         return broadcast_object_list([obj], from_process=src)[0]
 
+    def gather_object(self, obj: Any) -> list:
+        """Every process's ``obj`` (picklable), in process order (a collective: every process must call it)."""
+        if self.accelerator is None:
+            return [obj]
+        gathered: list = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
+
     def barrier(self) -> None:
         if self.accelerator is not None:
             self.accelerator.wait_for_everyone()
@@ -468,6 +476,32 @@ def free_memory(device: torch.device | None = None) -> None:
     to its driver, so that a retry with a smaller batch can use it. ``device`` None: :func:`default_device`."""
     gc.collect()
     empty_cache(device or default_device())
+
+
+# device type -> (allocated bytes, peak allocated bytes since the last reset or None, reset the peak)
+_MEMORY_STATS = {
+    "cuda": (lambda d: torch.cuda.memory_allocated(d), lambda d: torch.cuda.max_memory_allocated(d),
+             lambda d: torch.cuda.reset_peak_memory_stats(d)),
+    "xpu": (lambda d: torch.xpu.memory_allocated(d), lambda d: torch.xpu.max_memory_allocated(d),
+            lambda d: torch.xpu.reset_peak_memory_stats(d)),
+    "mps": (lambda d: torch.mps.current_allocated_memory(), lambda d: None, lambda d: None),  # mps keeps no peak
+}
+
+
+def device_memory(device: torch.device) -> tuple[int, int | None] | None:
+    """``(allocated, peak)`` bytes of the tensors on ``device`` (the peak since :func:`reset_device_peak_memory`,
+    None where the device keeps none); None on a CPU, whose memory the process's resident size tells."""
+    stats = _MEMORY_STATS.get(device.type)
+    if stats is None:
+        return None
+    return stats[0](device), stats[1](device)
+
+
+def reset_device_peak_memory(device: torch.device) -> None:
+    """Start ``device``'s peak-memory count afresh (for :func:`device_memory`); nothing on a CPU."""
+    stats = _MEMORY_STATS.get(device.type)
+    if stats is not None:
+        stats[2](device)
 
 
 def device_rng_state(all_devices: bool = False) -> dict[str, Any]:

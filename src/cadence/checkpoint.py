@@ -1233,11 +1233,12 @@ def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any
     lr_scheduler.load_state_dict(safe_load(folder / SCHEDULER_NAME))
 
 
-def restore_callback_states(handler: Any, control: Any, states: dict) -> Any:
+def restore_callback_states(handler: Any, control: Any, states: dict) -> tuple[Any, list[str]]:
     """Rebuild stateful callbacks (and ``TrainerControl``) from ``state.stateful_callbacks``, in place.
 
     Each callback whose class name has a saved state is replaced, at the same position, by one
-    built from that state (several of a class are matched in order). Returns the control to use.
+    built from that state (several of a class are matched in order). Returns the control to use and
+    the names of saved callbacks this run does not have (the Trainer warns about those).
     """
     callbacks = list(handler.callbacks)
     unmatched = []
@@ -1251,10 +1252,8 @@ def restore_callback_states(handler: Any, control: Any, states: dict) -> Any:
             unmatched.append(name)
         for i, state in zip(positions, saved):
             callbacks[i] = type(callbacks[i]).from_state(state)
-    if unmatched:
-        logger.warning("the checkpoint has states of callbacks this run does not use, ignored: %s", ", ".join(unmatched))
     handler.callbacks = callbacks
-    return control
+    return control, unmatched
 
 
 # ---------------------------------------------------------------- the save/load pair
@@ -1348,17 +1347,17 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
 
     The weights are not among them: they are loaded before the optimizer is built (``Backend.load_model_weights``).
     Order: the arguments first (an unsafe file stops everything before anything else is read), then
-    optimizer and scheduler, scaler, ``TrainerState`` (this run's step counts and intervals kept), callback
-    states (with ``restore_callback_states_from_checkpoint``), the loop state and the data position. A
+    optimizer and scheduler, scaler, ``TrainerState`` (this run's step counts and intervals kept), the loop
+    state and the data position; the Trainer then restores the callbacks' states (``_load_callback_state``). A
     transformers checkpoint has no ``loop_state.json``: the loss since its last log is unknown, so, as
     transformers does, the first log averages the steps since the resume.
 
     Args:
         folder: the checkpoint (from :func:`find_resume_folder`).
         objects: ``model`` (as trained: the optimizer's shards need it), ``optimizer``, ``scheduler``,
-            ``scaler`` (None: not loaded), ``trainer_state`` (this run's: its step counts stay), ``callbacks``
-            (the handler) and ``control``, ``loop_state`` (this run's ``LoopState``: its layout and data
-            identity are checked against the checkpoint's). Each is restored in place.
+            ``scaler`` (None: not loaded), ``trainer_state`` (this run's: its step counts stay), ``loop_state``
+            (this run's ``LoopState``: its layout and data identity are checked against the checkpoint's).
+            Each is restored in place.
         backend: the run's ``Backend`` (the optimizer's state through the engine).
         args: the run's ``TrainingArguments``.
 
@@ -1386,10 +1385,6 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         setattr(saved, name, getattr(state, name))
     for field in dataclasses.fields(state):
         setattr(state, field.name, getattr(saved, field.name))
-    if args.restore_callback_states_from_checkpoint:
-        control = objects["control"]
-        restored = restore_callback_states(objects["callbacks"], control, state.stateful_callbacks)
-        vars(control).update(vars(restored))  # in place: the run's control object goes on
     loop = objects["loop_state"]
     resume = resume_point(folder, state.global_step, loop.batches_per_epoch, args, loop.layout, saved_args,
                           saved_batch_size, loop.identity)
@@ -1397,6 +1392,10 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         loop.load_state_dict(resume.loop)
     else:  # a transformers checkpoint: the loss since its last log is unknown; average this run's steps (HF's rule)
         loop.last_logged_step = loop.first_step = state.global_step
+    if args.auto_find_batch_size and saved_batch_size and saved_batch_size < loop.layout.train_batch_size:
+        # the saving run had shrunk its micro-batches after running out of memory: go on with them (transformers
+        # restores its shrunk batch the same way), so the resume is exact and does not run out of memory again
+        loop.micro_batch_rows = state.train_batch_size = saved_batch_size
     if state.global_step >= state.max_steps:  # nothing left to train; close the epoch if the saving run had not yet
         if resume.skip_batches and loop.batches_per_epoch:
             resume.skip_batches = loop.batches_per_epoch
@@ -1421,18 +1420,34 @@ class JITCheckpointCallback(TrainerCallback):
     """On SIGTERM or SIGUSR1 (SLURM's warning), save a checkpoint at the next step end and stop.
 
     Installed by the Trainer when ``enable_jit_checkpoint=True`` (transformers' name; off by
-    default, as there). The signal only sets a flag; the save happens at a step boundary through
-    the normal save path, so the checkpoint is complete and exact. The previous handlers come back
-    when training ends. With several processes the flags are combined at every step end (one
-    tiny all-reduce, only when this option is on), so all processes save and stop at the same step
-    even when the signal reaches them at different moments.
+    default, as there), which calls ``set_trainer(trainer)`` as transformers does: ``.trainer`` and
+    ``.jit_manager`` (a :class:`CheckpointManager`, its SIGTERM handler installed) are then set. The
+    signal only sets a flag; the save happens at a step boundary through the normal save path, so the
+    checkpoint is complete and the resume exact (transformers also saves mid-step, at ``on_step_begin``
+    or ``on_pre_optimizer_step``, without the loop's state). A request made through ``jit_manager``
+    (``is_checkpoint_requested``) is served the same way. The previous handlers come back when training
+    ends. With several processes the flags are combined at every step end (one tiny all-reduce, only when
+    this option is on), so all processes save and stop at the same step even when the signal reaches
+    them at different moments.
     """
 
     SIGNALS = ("SIGTERM", "SIGUSR1")
 
     def __init__(self):
+        self.trainer = None  # transformers' attributes, set by set_trainer
+        self.jit_manager: CheckpointManager | None = None
         self.requested = None  # the signal's name once one arrived
         self._previous: dict = {}
+
+    def set_trainer(self, trainer: Any) -> None:
+        """Keep ``trainer`` and, with ``enable_jit_checkpoint``, make ``jit_manager`` and install its handler."""
+        self.trainer = trainer
+        if trainer.args.enable_jit_checkpoint:
+            self.jit_manager = CheckpointManager(trainer)
+            try:
+                self.jit_manager.setup_signal_handler()
+            except ValueError:  # not the main thread: on_train_begin says so once more if training starts here
+                logger.warning("enable_jit_checkpoint: cannot install a SIGTERM handler outside the main thread")
 
     def _handle(self, signum, frame) -> None:
         self.requested = signal.Signals(signum).name
@@ -1447,6 +1462,9 @@ class JITCheckpointCallback(TrainerCallback):
                     logger.warning("enable_jit_checkpoint: cannot install a %s handler outside the main thread", name)
 
     def _agreed(self, args) -> bool:
+        if self.jit_manager is not None and self.jit_manager.is_checkpoint_requested and not self.requested:
+            self.jit_manager.is_checkpoint_requested = False  # served here, once
+            self.requested = "a request through CheckpointManager"
         agreed = backend.any_process(bool(self.requested), args.device)
         if agreed and not self.requested:
             self.requested = "a signal to another process"
@@ -1462,6 +1480,9 @@ class JITCheckpointCallback(TrainerCallback):
         for name, previous in self._previous.items():
             signal.signal(getattr(signal, name), previous)
         self._previous.clear()
+        manager = self.jit_manager
+        if manager is not None and manager._original_sigterm_handler is not None:  # the one before set_trainer
+            signal.signal(signal.SIGTERM, manager._original_sigterm_handler)
 
 
 class CheckpointManager:
@@ -1495,6 +1516,20 @@ class CheckpointManager:
     def _enable_checkpoint(self) -> None:
         self.is_checkpoint_requested = True
 
+    # the spellings of earlier transformers 5 releases, for code written against them
+    _toggle_checkpoint_flag = _enable_checkpoint
+
+    @property
+    def checkpoint_requested(self) -> bool:
+        return self.is_checkpoint_requested
+
+    @checkpoint_requested.setter
+    def checkpoint_requested(self, value: bool) -> None:
+        self.is_checkpoint_requested = value
+
+    def should_checkpoint_now(self) -> bool:
+        return self.is_checkpoint_requested
+
     def execute_jit_checkpoint(self) -> Path:
         """Write ``checkpoint-{global_step}`` now and fire ``on_save``; returns its folder.
 
@@ -1504,6 +1539,6 @@ class CheckpointManager:
         self.is_checkpoint_requested = False
         trainer = self.trainer
         logger.warning("saving a just-in-time checkpoint at step %d", trainer.state.global_step)
-        folder = trainer._save_checkpoint(trainer.model)
+        folder = trainer._save_checkpoint(trainer.model, trial=None)  # transformers' call, which code may patch
         trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
         return folder

@@ -77,6 +77,19 @@ def check_best_metric_available(metric: str | None, compute_metrics: Callable | 
         )
 
 
+def check_best_metric_named(args: Any) -> None:
+    """``save_strategy="best"`` (and ``load_best_model_at_end``) compare evaluations by ``metric_for_best_model``;
+    ``TrainingArguments`` defaults it to the loss only for the latter, and the Trainer refuses the former
+    without one (transformers' rule and words)."""
+    best_save = getattr(args.save_strategy, "value", args.save_strategy) == "best"
+    if (best_save or args.load_best_model_at_end) and args.metric_for_best_model is None:
+        raise ValueError(
+            "`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
+            "`args.load_best_model_at_end` is set to `True`: set metric_for_best_model='loss' (or a key your "
+            "compute_metrics returns)"
+        )
+
+
 def check_best_save_has_evaluations(save_strategy: Any, eval_strategy: Any) -> None:
     """``save_strategy="best"`` saves when an evaluation improves; without evaluations it never saves.
 

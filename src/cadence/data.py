@@ -922,27 +922,28 @@ def _batch_size(batch: Any) -> int | None:
     return next((v.shape[0] for v in values if torch.is_tensor(v) and v.dim() > 0), None)
 
 
-def _split(value: Any, size: int, parts: int) -> list:
-    """``value`` cut along its first dimension into ``parts`` pieces when it is per-sample, else repeated."""
+def _split(value: Any, size: int, rows: int) -> list:
+    """``value`` cut along its first dimension into pieces of ``rows`` (the last shorter) when it is per-sample,
+    else repeated once per piece."""
+    parts = -(-size // rows)
     if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == size:
-        return list(value.tensor_split(parts))
+        return list(value.split(rows))
     if isinstance(value, list) and len(value) == size:
-        step = -(-size // parts)
-        return [value[i * step : (i + 1) * step] for i in range(parts)]
+        return [value[i * rows : (i + 1) * rows] for i in range(parts)]
     return [value] * parts
 
 
-def split_batches(batches: list, parts: int) -> list:
-    """Each collated batch cut into ``parts`` micro-batches along the sample dimension (auto_find_batch_size).
+def split_batches(batches: list, rows: int | None) -> list:
+    """Each collated batch cut into micro-batches of at most ``rows`` samples (auto_find_batch_size).
 
     The samples, their order and their padding stay the same, so the step's loss and gradients do
-    too. Empty pieces (a batch smaller than ``parts``) are left out.
+    too (the loss is weighted by items). ``rows=None``: the batches as they are.
 
     Example:
-        >>> [b["x"].tolist() for b in split_batches([{"x": torch.arange(4)}], 2)]
-        [[0, 1], [2, 3]]
+        >>> [b["x"].tolist() for b in split_batches([{"x": torch.arange(5)}], 3)]
+        [[0, 1, 2], [3, 4]]
     """
-    if parts == 1:
+    if rows is None:
         return batches
     out = []
     for batch in batches:
@@ -950,15 +951,16 @@ def split_batches(batches: list, parts: int) -> list:
         if size is None:
             raise ValueError("auto_find_batch_size needs batches with a tensor of samples to split, got "
                              f"{type(batch).__name__}")
-        if isinstance(batch, Mapping):
-            pieces = {k: _split(v, size, parts) for k, v in batch.items()}
-            chunks = [{k: p[i] for k, p in pieces.items()} for i in range(parts)]
+        if size <= rows:
+            out.append(batch)
+        elif isinstance(batch, Mapping):
+            pieces = {k: _split(v, size, rows) for k, v in batch.items()}
+            out += [{k: p[i] for k, p in pieces.items()} for i in range(-(-size // rows))]
         elif isinstance(batch, (tuple, list)):
-            pieces = [_split(v, size, parts) for v in batch]
-            chunks = [type(batch)(p[i] for p in pieces) for i in range(parts)]
+            pieces = [_split(v, size, rows) for v in batch]
+            out += [type(batch)(p[i] for p in pieces) for i in range(-(-size // rows))]
         else:
-            chunks = list(batch.tensor_split(parts))
-        out += [c for c in chunks if _batch_size(c)]
+            out += list(batch.split(rows))
     return out
 
 

@@ -21,6 +21,7 @@ Host chunks are concatenated once, at the end.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -47,6 +48,24 @@ def _map(fn: Callable, value: Any) -> Any:
     return fn(value) if value is not None else None
 
 
+def is_object_rows(value: Any) -> bool:
+    """A list/tuple holding no tensor or array anywhere inside: one Python object per row (decoded strings, ids,
+    dicts, ...), kept and gathered as a list; any other list/tuple is a structure of outputs."""
+    if not isinstance(value, (list, tuple)):
+        return False
+
+    def holds_array(v: Any) -> bool:
+        if torch.is_tensor(v) or isinstance(v, np.ndarray):
+            return True
+        if isinstance(v, Mapping):
+            return any(holds_array(x) for x in v.values())
+        if isinstance(v, (list, tuple)):
+            return any(holds_array(x) for x in v)
+        return False
+
+    return not holds_array(value)
+
+
 def _first_tensor(value: Any) -> Any:
     while isinstance(value, (tuple, list, Mapping)):
         items = list(value.values()) if isinstance(value, Mapping) else list(value)
@@ -65,6 +84,8 @@ def _concat_all(chunks: list, padding_index: int = PAD_INDEX) -> Any:
     first = chunks[0]
     if first is None:
         return None
+    if is_object_rows(first):  # one object per row: the rows of all batches, in order
+        return [row for chunk in chunks for row in chunk]
     if isinstance(first, Mapping):
         return type(first)({k: _concat_all([c[k] for c in chunks], padding_index) for k in first})
     if isinstance(first, (tuple, list)):
@@ -194,12 +215,16 @@ def padding_marker(dataloader: Any) -> Callable[[int], bool]:
 class Gatherer:
     """Gathers one step's outputs from all processes in process order, keeping only real rows.
 
-    Each process sends how many of its rows are real (0 for a padding batch); tensors are padded
-    to common shapes (rows and dim 1, with -100), gathered, and the padding rows dropped.
+    Each process sends how many of its rows are real (0 for a padding batch). Tensors are padded to
+    common shapes (rows and dim 1, with -100), gathered, and the padding rows dropped. Lists of Python
+    objects, one per row (:func:`is_object_rows`: decoded strings, ...), are gathered as objects (pickled,
+    as accelerate's ``gather_object``) and concatenated; with ``use_gather_object``
+    (``eval_use_gather_object``) tensors are gathered that way too, each process's rows as they are.
+    Anything else (a 0-d tensor, a lone object) stays this process's.
     """
 
-    def __init__(self, backend: Any):
-        self.backend = backend
+    def __init__(self, backend: Any, use_gather_object: bool = False):
+        self.backend, self.use_gather_object = backend, use_gather_object
 
     def __call__(self, step_outputs: dict[str, Any], real_rows: int) -> dict[str, Any]:
         if self.backend.world_size == 1:
@@ -207,16 +232,34 @@ class Gatherer:
         backend = self.backend
         counts = backend.gather(torch.tensor([real_rows], device=backend.device)).tolist()
 
-        def gather_one(t: torch.Tensor) -> torch.Tensor:
-            if not torch.is_tensor(t) or t.dim() == 0:
-                return t
+        def gather_tensor(t: torch.Tensor) -> torch.Tensor:
             t = backend.pad_across_processes(backend.pad_across_processes(t, dim=0), dim=1)
             block = t.shape[0]
             gathered = backend.gather(t)
             keep = torch.cat([torch.arange(r * block, r * block + n) for r, n in enumerate(counts)])
             return gathered[keep.to(gathered.device)]
 
-        return {name: _map(gather_one, value) for name, value in step_outputs.items()}
+        def gather_objects(value: Any) -> Any:
+            parts = [part[:n] for part, n in zip(backend.gather_object(value), counts)]
+            if not torch.is_tensor(value):
+                return [row for part in parts for row in part]
+            parts = [part.to(value.device) for part in parts]  # unpickled where each sender had it
+            return functools.reduce(torch_pad_and_concatenate, parts)
+
+        def gather(value: Any) -> Any:  # every process walks the same structure: the collectives pair up
+            if value is None:
+                return None
+            if is_object_rows(value):
+                return gather_objects(value)
+            if isinstance(value, Mapping):
+                return type(value)({k: gather(v) for k, v in value.items()})
+            if isinstance(value, (tuple, list)):
+                return type(value)(gather(v) for v in value)
+            if torch.is_tensor(value) and value.dim() > 0:
+                return gather_objects(value) if self.use_gather_object else gather_tensor(value)
+            return value
+
+        return {name: gather(value) for name, value in step_outputs.items()}
 
 
 class Collector:

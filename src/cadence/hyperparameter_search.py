@@ -44,10 +44,8 @@ def hyperparameter_search(trainer, hp_space: Callable | None, compute_objective:
                           hp_name: Callable | None, **kwargs) -> BestRun | list[BestRun] | None:
     """The body of ``Trainer.hyperparameter_search`` (see its docstring)."""
     name = HPSearchBackend(backend) if backend is not None else default_backend()
-    search = _BACKENDS.get(name)
-    if search is None:
-        raise ValueError(f"backend={name.value!r} is not built in cadence; use one of {sorted(b.value for b in _BACKENDS)}")
-    search.ensure_available()
+    ALL_HYPERPARAMETER_SEARCH_BACKENDS[name].ensure_available()  # one not built in cadence: ValueError naming it
+    search = _BACKENDS[name]
     if trainer.model_init is None:
         raise RuntimeError(
             "hyperparameter_search needs a model_init: pass Trainer(model_init=...) (a function returning a fresh "
@@ -185,7 +183,7 @@ class _Start:
         # one process: a new backend from the trial's arguments (precision, compile; a fresh loss scaler). Under
         # torchrun the search's own is kept: its accelerator and process group are made once per process
         trainer.backend = Backend(args) if args.world_size == 1 else self.backend
-        trainer.label_smoother = loss.LabelSmoother(args.label_smoothing_factor) if args.label_smoothing_factor else None
+        trainer.label_smoother = loss.label_smoother_for(trainer.model, args.label_smoothing_factor)
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         trainer.control = TrainerControl()
         for cb, state in zip(self._stateful(trainer), self.callback_states):  # e.g. an early-stopping counter
@@ -218,16 +216,23 @@ class _SearchBackend:
     name: HPSearchBackend
     pip_package: str
 
-    def is_available(self) -> bool:
+    # class methods, as transformers' backends: code asks ALL_HYPERPARAMETER_SEARCH_BACKENDS[name].is_available()
+    @classmethod
+    def is_available(cls) -> bool:
         import importlib.util
 
-        return importlib.util.find_spec(self.name.value) is not None
+        return importlib.util.find_spec(cls.name.value) is not None
 
-    def ensure_available(self) -> None:
-        if not self.is_available():
+    @classmethod
+    def pip_install(cls) -> str:
+        return f"`pip install {cls.pip_package}`"
+
+    @classmethod
+    def ensure_available(cls) -> None:
+        if not cls.is_available():
             raise RuntimeError(
-                f"hyperparameter_search(backend={self.name.value!r}) needs {self.pip_package}: "
-                f"pip install {self.pip_package}"
+                f"hyperparameter_search(backend={cls.name.value!r}) needs {cls.pip_package}: "
+                f"pip install {cls.pip_package}"
             )
 
     @staticmethod
@@ -384,7 +389,41 @@ def _ray_trial(config: dict[str, Any], trainer=None) -> None:
               final_report=lambda metrics, objective: tune.report({**metrics, "objective": objective, "done": True}))
 
 
+class _NotBuiltBackend(_SearchBackend):
+    """A library transformers names that cadence does not run: listed, never available."""
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def ensure_available(cls) -> None:
+        built = sorted(b.value for b in _BACKENDS)
+        raise ValueError(f"backend={cls.name.value!r} is not built in cadence; use one of {built}")
+
+
+class SigOptBackend(_NotBuiltBackend):
+    name = HPSearchBackend.SIGOPT
+    pip_package = "sigopt"
+
+
+class WandbBackend(_NotBuiltBackend):
+    name = HPSearchBackend.WANDB
+    pip_package = "wandb"
+
+
+# the searches cadence runs
 _BACKENDS: dict[HPSearchBackend, _SearchBackend] = {
     HPSearchBackend.OPTUNA: OptunaBackend(),
     HPSearchBackend.RAY: RayTuneBackend(),
 }
+
+# transformers' table: every HPSearchBackend, in the enum's order, to its backend class
+ALL_HYPERPARAMETER_SEARCH_BACKENDS: dict[HPSearchBackend, type[_SearchBackend]] = {
+    HPSearchBackend(backend.name): backend for backend in [OptunaBackend, RayTuneBackend, SigOptBackend, WandbBackend]
+}
+
+
+def default_hp_search_backend() -> str:
+    """transformers' name: the first available backend's name (``"optuna"``, ``"ray"``)."""
+    return default_backend().value

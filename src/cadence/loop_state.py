@@ -101,7 +101,7 @@ class LoopState:
         self.skipped = self.skipped_total = 0  # optimizer steps fp16 loss scaling skipped (inf/NaN gradients)
         # count items only where the count changes the result: accumulation or several processes
         self.count_items = layout is not None and (layout.gradient_accumulation_steps > 1 or layout.world_size > 1)
-        self.split = 1  # each loaded batch is cut into this many micro-batches (auto_find_batch_size raises it)
+        self.micro_batch_rows: int | None = None  # auto_find_batch_size: each batch cut into pieces of this many rows
         self.micro_batches = 0  # micro-batches of the current step
         self.items: torch.Tensor | None = None  # items of the current step over all processes (None: not counted)
         self.grad_norm: torch.Tensor | None = None  # of the last step (None without clipping)

@@ -15,6 +15,7 @@ So GA=k with batch b trains exactly like GA=1 with batch k·b, and N processes l
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,3 +90,17 @@ class LabelSmoother:
         if torch.is_tensor(denominator):
             denominator = denominator.to(total.device)
         return total / denominator
+
+
+def label_smoother_for(model: Any, epsilon: float) -> LabelSmoother | None:
+    """The Trainer's ``label_smoother``: None without smoothing, and (as transformers, with its warning) for a
+    multi-label classifier, whose float targets a softmax cross-entropy cannot smooth."""
+    if not epsilon:
+        return None
+    config = getattr(model, "config", None)
+    if getattr(config, "problem_type", None) == "multi_label_classification":
+        warnings.warn("Label smoothing is not compatible with multi-label classification. "
+                      "Disabling label smoothing for this training run.", UserWarning, stacklevel=3)
+        return None
+    return LabelSmoother(epsilon)
+

@@ -33,6 +33,7 @@ from . import checks, output_guard, peft_support
 from .backend import Backend
 from .integrations import registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
+from .memory_metrics import TrainerMemoryTracker
 from .trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
@@ -57,6 +58,11 @@ from .trainer_utils import (
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
+
+# transformers' module-level names: the callbacks every Trainer starts with (then the trackers, the user's
+# callbacks, a progress bar or, with disable_tqdm=True, a PrinterCallback, and with enable_jit_checkpoint the JIT one)
+DEFAULT_CALLBACKS = [DefaultFlowCallback]
+DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
 class Trainer:
@@ -111,6 +117,9 @@ class Trainer:
             model = call_model_init(model_init, None)  # model_init(None) when it takes a trial, as transformers
         self.model_init = model_init
         self.backend = Backend(args)
+        # skip_memory_metrics=False: the memory of __init__, train(), evaluate(), predict() (transformers' keys)
+        self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics, self.backend.device)
+        self._memory_tracker.start("init")
         self.model = model.to(self.backend.device)
         self.model_wrapped = self.model
         self.processing_class = processing_class
@@ -123,7 +132,7 @@ class Trainer:
         self._validate_setup()
 
         # what the model's loss does with labels, read once
-        self.label_smoother = loss_utils.LabelSmoother(args.label_smoothing_factor) if args.label_smoothing_factor else None
+        self.label_smoother = loss_utils.label_smoother_for(model, args.label_smoothing_factor)
         self.model_accepts_loss_kwargs = self._accepts_loss_kwargs(model)
         self._shifts_labels = data.loss_shifts_labels(model)
         self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
@@ -136,13 +145,16 @@ class Trainer:
         self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
         self._loop: LoopState | None = None  # the latest train() call's loop state (log() reads its token count)
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
+        self._eval_dataloaders: dict = {}  # (dataset id, batch size) -> (dataset, loader), with persistent workers
 
         report_to = integrations.get_reporting_integration_callbacks(args.report_to)  # missing package: ValueError here
-        default_callbacks = [DefaultFlowCallback, *report_to, *(callbacks or [])]
-        default_callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
-        if args.enable_jit_checkpoint:
-            default_callbacks.append(checkpoint.JITCheckpointCallback)
-        self.callback_handler = CallbackHandler(default_callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler)
+        self.callback_handler = CallbackHandler([*DEFAULT_CALLBACKS, *report_to, *(callbacks or [])], self.model,
+                                                processing_class, self.optimizer, self.lr_scheduler)
+        self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
+        if args.enable_jit_checkpoint:  # last (transformers: before the user's): a signal sent in any callback's
+            jit_callback = checkpoint.JITCheckpointCallback()  # on_step_end is served at this step's end
+            jit_callback.set_trainer(self)
+            self.add_callback(jit_callback)
         integrations.check_args(args, self.callback_handler.callbacks)  # an unwritable logging_dir: refused now
         self.state = TrainerState(
             is_local_process_zero=args.local_process_index == 0, is_world_process_zero=args.process_index == 0
@@ -152,6 +164,7 @@ class Trainer:
         if args.push_to_hub:  # created now: a missing token or an unreachable Hub shows before any training
             self._start_hub_pushes()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        self._memory_tracker.stop_and_update_metrics("init")  # reported with the first stage after it
 
     # ------------------------------------------------------------------ construction
 
@@ -187,6 +200,7 @@ class Trainer:
         checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
         checks.check_best_metric_available(args.metric_for_best_model, self.compute_metrics, self.eval_dataset)
         checks.check_best_save_has_evaluations(args.save_strategy, args.eval_strategy)
+        checks.check_best_metric_named(args)
         if args.neftune_noise_alpha:
             neftune.input_embeddings(self.model)
         if args.activation_checkpointing:
@@ -317,14 +331,24 @@ class Trainer:
         return self._dataloader(self.train_dataset, self.args.train_batch_size, "training", sampler)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        """The evaluation dataloader (in dataset order over processes). With ``dataloader_persistent_workers``
+        it is built once per dataset and batch size and reused, so its workers live on between evaluations
+        (transformers keeps ``_eval_dataloaders`` too)."""
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
         eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if eval_dataset is None:
             raise ValueError("evaluation needs an eval_dataset: pass it to Trainer or to evaluate()")
+        persistent = self.args.dataloader_persistent_workers
+        key = (id(eval_dataset), self.args.eval_batch_size)  # a smaller batch after out-of-memory: a new one
+        cached = self._eval_dataloaders.get(key) if persistent else None
+        if cached is not None and cached[0] is eval_dataset:  # the same object, not a new one at a reused id
+            return cached[1]
         data.check_dataset(eval_dataset, "eval_dataset")
-        return self._dataloader(eval_dataset, self.args.eval_batch_size, description="evaluation",
-                                evaluation=True)
+        loader = self._dataloader(eval_dataset, self.args.eval_batch_size, description="evaluation", evaluation=True)
+        if persistent:
+            self._eval_dataloaders[key] = (eval_dataset, loader)
+        return loader
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         data.check_dataset(test_dataset, "test_dataset")
@@ -429,11 +453,13 @@ class Trainer:
         failed = True
         try:
             resume_from_checkpoint = self._claim_output_dir(lock, resume_from_checkpoint)
+            self._memory_tracker.start("train")  # a refused run measures nothing (stop() without start is a no-op)
             output = self._train_holding_lock(resume_from_checkpoint, trial, ignore_keys_for_eval)
             failed = False
             return output
         finally:
             lock.release(remove_created_dir=failed)  # a failed run leaves no empty output_dir behind
+            self._memory_tracker.stop("train")  # after a failure: later evaluations are measured again
 
     def _claim_output_dir(self, lock: output_guard.OutputDirLock, resume_from_checkpoint: str | bool | None) -> str | bool | None:
         """Lock ``output_dir`` for this run (main process; see ``output_guard``). A job torchrun restarted
@@ -577,6 +603,7 @@ class Trainer:
         resume = None
         if resume_from_checkpoint is not None:
             resume = checkpoint.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
+            self._load_callback_state()
         for handler_attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, handler_attr, getattr(self, handler_attr))
         self.callback_handler.train_dataloader = train_dataloader
@@ -598,7 +625,7 @@ class Trainer:
                 if not window:
                     break
                 loop.batches_in_epoch += len(window)
-                loop.items = self._window_items(window) if loop.count_items or loop.split > 1 else None
+                loop.items = self._window_items(window) if loop.count_items or loop.micro_batch_rows else None
                 loop.count(window, self.floating_point_ops)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._forward_backward(model, window, loop)  # ---- micro-batches
@@ -665,10 +692,10 @@ class Trainer:
         """Forward and backward of a step's micro-batches, gradients synced on the last only.
 
         With ``auto_find_batch_size``, a step that runs out of memory is redone from zeroed gradients
-        in smaller micro-batches (``loop.split`` per loaded batch).
+        in smaller micro-batches (``loop.micro_batch_rows`` rows at most).
         """
         while True:
-            micro_batches = data.split_batches(window, loop.split)
+            micro_batches = data.split_batches(window, loop.micro_batch_rows)
             loop.micro_batches = self.current_gradient_accumulation_steps = len(micro_batches)
             try:
                 step_losses = []
@@ -684,22 +711,22 @@ class Trainer:
         loop.add(step_losses)
 
     def _shrink_train_batch(self, error: Exception, model: nn.Module, window: list, loop: LoopState) -> None:
-        """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free
-        memory, and cut each batch into twice as many micro-batches (``loop.split``), so the per-device batch
-        halves, the accumulation doubles and the global batch stays the same; ``loop.items`` counted if not yet.
-        Any other error, or one at a per-device batch of 1, is re-raised."""
-        batch = loop.layout.train_batch_size
-        size = -(-batch // loop.split)
+        """After an out-of-memory error (with ``auto_find_batch_size``): drop the step's gradients, free memory,
+        and cut each batch into micro-batches 10% smaller than before (transformers' and accelerate's rule:
+        64 -> 57 -> 51 ...), so the per-device batch shrinks, the accumulation grows and the global batch
+        stays the same; ``loop.items`` counted if not yet. Any other error, or one at a per-device batch
+        of 1, is re-raised."""
+        size = loop.micro_batch_rows or loop.layout.train_batch_size
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
         model.zero_grad(set_to_none=True)  # the failed attempt's partial gradients must not count
         self.backend.free_memory()
-        loop.split *= 2
-        self.state.train_batch_size = -(-batch // loop.split)
+        loop.micro_batch_rows = self.state.train_batch_size = int(size * 0.9)
+        per_batch = -(-loop.layout.train_batch_size // loop.micro_batch_rows)
         logger.warning(
-            "out of memory at per-device train batch size %d: redoing step %d with batch %d x %d accumulation "
-            "(global batch unchanged)", size, self.state.global_step + 1, self.state.train_batch_size,
-            loop.layout.gradient_accumulation_steps * loop.split,
+            "out of memory at per-device train batch size %d: redoing step %d with micro-batches of %d "
+            "(%d x %d accumulation, global batch unchanged)", size, self.state.global_step + 1, loop.micro_batch_rows,
+            per_batch, loop.layout.gradient_accumulation_steps,
         )
         if loop.items is None:  # micro-batches of a batch differ in items: weigh them by their counts from now on
             items = loss_utils.window_items(window, self._shifts_labels)
@@ -805,6 +832,7 @@ class Trainer:
             metrics["train_skipped_optimizer_steps"] = skipped
         if bad:
             metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
+        self._memory_tracker.stop_and_update_metrics("train", metrics)
         jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, checkpoint.JITCheckpointCallback)), None)
         self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
         if self.state.interrupted:
@@ -972,11 +1000,16 @@ class Trainer:
             for name, ds in eval_dataset.items():
                 metrics.update(self.evaluate(ds, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
-        output = self._timed_evaluation_loop(lambda: self.get_eval_dataloader(eval_dataset), "Evaluation",
-                                             True if self.compute_metrics is None else None, ignore_keys, metric_key_prefix)
-        self.log(output.metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+        self._memory_tracker.start("eval")
+        try:  # no metrics to compute: gather no predictions (else args.prediction_loss_only decides)
+            output = self._timed_evaluation_loop(lambda: self.get_eval_dataloader(eval_dataset), "Evaluation",
+                                                 True if self.compute_metrics is None else None, ignore_keys,
+                                                 metric_key_prefix)
+            self.log(output.metrics)
+            self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+            self._memory_tracker.stop_and_update_metrics("eval", output.metrics)  # returned, not logged (transformers)
+        finally:
+            self._memory_tracker.stop("eval")
         return output.metrics
 
     def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test") -> PredictionOutput:
@@ -986,15 +1019,20 @@ class Trainer:
             >>> out = trainer.predict(test_ds)
             >>> out.predictions.shape
         """
-        output = self._timed_evaluation_loop(lambda: self.get_test_dataloader(test_dataset), "Prediction", None,
-                                             ignore_keys, metric_key_prefix)
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
+        self._memory_tracker.start("test")
+        try:
+            output = self._timed_evaluation_loop(lambda: self.get_test_dataloader(test_dataset), "Prediction", None,
+                                                 ignore_keys, metric_key_prefix)
+            self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
+            self._memory_tracker.stop_and_update_metrics("test", output.metrics)
+        finally:
+            self._memory_tracker.stop("test")
         return PredictionOutput(output.predictions, output.label_ids, output.metrics)
 
     def _timed_evaluation_loop(self, make_dataloader: Callable[[], DataLoader], description: str,
                                prediction_loss_only: bool | None, ignore_keys: list[str] | None,
                                metric_key_prefix: str) -> EvalLoopOutput:
-        """``evaluation_loop`` over a fresh ``make_dataloader()``, retried with a halved eval batch after an
+        """``evaluation_loop`` over a fresh ``make_dataloader()``, retried with a 10% smaller eval batch after an
         out-of-memory error (``auto_find_batch_size``); its metrics gain the speed metrics of the whole call."""
         start = time.time()
         while True:
@@ -1009,13 +1047,14 @@ class Trainer:
         return output
 
     def _shrink_eval_batch(self, error: Exception) -> None:
-        """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): halve the eval batch."""
+        """After an out-of-memory error in evaluation (with ``auto_find_batch_size``): the eval batch 10% smaller."""
         size = self.args.per_device_eval_batch_size
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
         self.backend.free_memory()
-        self.args.per_device_eval_batch_size = size // 2
-        logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size, size // 2)
+        self.args.per_device_eval_batch_size = int(size * 0.9)  # as transformers shrinks the train batch
+        logger.warning("out of memory at per-device eval batch size %d: evaluating again with %d", size,
+                       self.args.per_device_eval_batch_size)
 
     def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
@@ -1037,7 +1076,7 @@ class Trainer:
         per_batch = args.batch_eval_metrics  # compute_metrics per batch; evaluation then keeps nothing
         keep = not per_batch or description == "Prediction"  # predict() returns the predictions regardless
         is_padding = evaluation.padding_marker(dataloader)
-        gather = evaluation.Gatherer(self.backend)
+        gather = evaluation.Gatherer(self.backend, args.eval_use_gather_object)
         dataset_rows = len(dataloader.dataset) if isinstance(dataloader.batch_sampler, data.EvalBatchSampler) else None
         collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches, dataset_rows)
         loss_mean = evaluation.ItemMean(self.backend.device)
@@ -1145,6 +1184,18 @@ class Trainer:
                 "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
                 "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
                 "stream": data.stateful_stream(self.callback_handler.train_dataloader)}
+
+    def _load_callback_state(self) -> None:
+        """With ``restore_callback_states_from_checkpoint``: rebuild the stateful callbacks and the
+        ``TrainerControl`` from ``self.state.stateful_callbacks`` (transformers' method); warn naming the
+        checkpoint's callbacks this run does not have."""
+        if not self.args.restore_callback_states_from_checkpoint:
+            return
+        self.control, missing = checkpoint.restore_callback_states(self.callback_handler, self.control,
+                                                                   self.state.stateful_callbacks)
+        if missing:  # formatted here: code that patches logger.warning reads the names in the message
+            logger.warning(f"the checkpoint holds the state of callbacks this run does not use, ignored: {', '.join(missing)}"
+                           " (pass them in callbacks=[...] to restore them)")
 
     def _load_best_model(self) -> None:
         """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
@@ -1356,6 +1407,13 @@ class Trainer:
     def get_num_trainable_parameters(self) -> int:
         """Elements of the parameters that require a gradient."""
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    @property
+    def _train_batch_size(self) -> int:
+        """transformers' attribute (its ``get_train_dataloader``, which subclasses copy, reads it): the batch each
+        process loads. ``auto_find_batch_size`` cuts that batch into smaller micro-batches rather than loading
+        smaller ones, so it stays ``args.train_batch_size``; ``state.train_batch_size`` is the micro-batch."""
+        return self.args.train_batch_size
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         """Samples per optimizer step over all processes: per-device batch x accumulation x processes."""

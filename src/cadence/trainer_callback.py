@@ -445,9 +445,8 @@ class CallbackHandler(TrainerCallback):
                 f"instance instead, e.g. callbacks=[{callback.__name__}(...)]"
             ) from e
         if any(type(c) is type(cb) for c in self._callbacks):
-            logger.warning(
-                "Adding a %s to the callbacks, but there is already one. Current callbacks:\n%s",
-                type(cb), self.callback_list,
+            logger.warning(  # formatted here: code that patches logger.warning reads the class in the message
+                f"Adding a {type(cb)} to the callbacks, but there is already one. Current callbacks:\n{self.callback_list}"
             )
         self._callbacks.append(cb)
         self._hooks.clear()

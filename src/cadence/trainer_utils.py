@@ -440,13 +440,13 @@ def _is_out_of_memory(error: BaseException) -> bool:
 def find_executable_batch_size(
     function: Callable | None = None, starting_batch_size: int = 128, auto_find_batch_size: bool = False
 ) -> Callable:
-    """Decorator: call `function(batch_size, ...)`, halving the batch size after each out-of-memory.
+    """Decorator: call `function(batch_size, ...)`, 10% smaller after each out-of-memory (accelerate's rule).
 
     HF's signature: with `auto_find_batch_size=False` (the default, as in transformers) the function
     is called once as `function(..., batch_size=starting_batch_size)` and errors propagate; with True
     the batch size is passed as the first positional argument (as accelerate does), and after a
-    `torch.OutOfMemoryError` (or an out-of-memory `RuntimeError`) the call is retried at half the
-    size, raising `RuntimeError` once the size would reach 0.
+    `torch.OutOfMemoryError` (or an out-of-memory `RuntimeError`) the call is retried at
+    `int(0.9 * size)` (128 -> 115 -> 103 ...), raising `RuntimeError` once the size reaches 0.
 
     Args:
         function: the function to wrap; omit it to use the decorator with arguments.
@@ -481,24 +481,29 @@ def find_executable_batch_size(
             except Exception as error:  # noqa: BLE001 - anything but out-of-memory is re-raised
                 if not _is_out_of_memory(error):
                     raise
-                logger.info("Out of memory at batch size %d; retrying with %d", batch_size, batch_size // 2)
+                smaller = int(batch_size * 0.9)  # accelerate's rule, which transformers uses: 10% at a time
+                logger.info("Out of memory at batch size %d; retrying with %d", batch_size, smaller)
                 from .backend import free_memory  # backend imports this module (through checkpoint)
 
                 free_memory()  # the failed attempt's tensors and the device's cache, before retrying
-                batch_size //= 2
+                batch_size = smaller
         raise RuntimeError(
-            f"No executable batch size found: every size from {starting_batch_size} down to 1 ran out of memory."
+            f"No executable batch size found, reached zero: every size from {starting_batch_size} down ran out of memory."
         )
 
     return run_with_fitting_batch_size
 
 
 def __getattr__(name: str) -> Any:
-    # the collator lives in data.py; read on first use so this module stays free of cadence imports
+    # these live in data.py and memory_metrics.py; read on first use so this module stays free of cadence imports
     if name == "RemoveColumnsCollator":
         from .data import RemoveColumnsCollator
 
         return RemoveColumnsCollator
+    if name == "TrainerMemoryTracker":  # memory_metrics.py (skip_memory_metrics=False)
+        from .memory_metrics import TrainerMemoryTracker
+
+        return TrainerMemoryTracker
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

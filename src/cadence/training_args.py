@@ -296,8 +296,9 @@ class TrainingArguments:
     auto_find_batch_size: bool = field(
         default=False,
         metadata=_help(
-            "After an out-of-memory error, halve the per-device batch and double the accumulation (same global "
-            "batch) and redo the step; in evaluation, halve the eval batch. One process only."
+            "After an out-of-memory error, cut each batch into micro-batches 10% smaller (64 -> 57 -> 51 ..., as "
+            "transformers shrinks the batch; the global batch stays the same) and redo the step; in evaluation, "
+            "make the eval batch 10% smaller. One process only."
         ),
     )
 
@@ -378,7 +379,11 @@ class TrainingArguments:
         metadata=_help("Concatenate predictions across batches (False: a list with one entry per batch)."),
     )
     eval_use_gather_object: bool = field(
-        default=False, metadata=_help("Gather non-tensor outputs from all processes." + _NOT_BUILT)
+        default=False,
+        metadata=_help(
+            "Gather every output from all processes as Python objects (pickled), tensors too; non-tensor outputs "
+            "(a list of strings per batch, ...) are gathered so whether or not this is set."
+        ),
     )
     eval_accumulation_steps: int | None = field(
         default=None,
@@ -1059,7 +1064,6 @@ _STEP_INTERVALS = (
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
 _NOT_YET_BUILT: dict[str, str] = {
     "use_liger_kernel": "Liger kernels",
-    "eval_use_gather_object": "gathering non-tensor outputs",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "accelerator_config": "accelerator_config",
     "parallelism_config": "tensor/context parallelism",
@@ -1283,10 +1287,10 @@ def _derive_eval_steps(args: TrainingArguments) -> None:
 
 
 def _derive_best_model_metric(args: TrainingArguments) -> None:
-    # Anything that compares evaluations needs a metric: HF defaults it to the loss.
+    # What compares evaluations needs a metric: HF defaults it to the loss, except for save_strategy="best",
+    # where the Trainer asks for it (checks.check_best_metric_named)
     needs_metric = (
         args.load_best_model_at_end
-        or args.save_strategy == SaveStrategy.BEST
         or args.lr_scheduler_type in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY)
     )
     if needs_metric and args.metric_for_best_model is None:

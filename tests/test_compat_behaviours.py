@@ -1,0 +1,153 @@
+"""Small behaviours scripts written for transformers rely on (issue 19, item 10), each run on both libraries:
+the eval dataloader kept with persistent workers, save_strategy="best" without a metric, and
+logging_nan_inf_filter=False logging the non-finite loss as it is."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import cadence
+from tiny import RegressionDataset, RegressionModel, make_args
+
+transformers = pytest.importorskip("transformers")
+LIBS = [cadence, transformers]
+
+
+# ------------------------------------------------------------------------------ persistent eval workers
+
+
+class PidDataset(RegressionDataset):
+    """Each row carries the id of the process that loaded it (a dataloader worker, with workers)."""
+
+    def __getitem__(self, i):
+        return {**super().__getitem__(i), "pid": torch.tensor(os.getpid())}
+
+
+class PidModel(RegressionModel):
+    """Notes the loading processes of the batches it evaluates."""
+
+    def __init__(self):
+        super().__init__()
+        self.eval_pids = set()
+
+    def forward(self, input_x, labels=None, pid=None):
+        if not self.training and pid is not None:
+            self.eval_pids.update(pid.tolist())
+        return super().forward(input_x, labels)
+
+
+@pytest.mark.parametrize("lib", LIBS, ids=lambda m: m.__name__)
+def test_persistent_workers_keep_the_eval_dataloader_and_its_workers(tmp_path, lib):
+    model = PidModel()
+    args = make_args(tmp_path, lib, dataloader_num_workers=2, dataloader_persistent_workers=True,
+                     per_device_eval_batch_size=4, remove_unused_columns=False)
+    trainer = lib.Trainer(model, args, eval_dataset=PidDataset(16))
+    loader = trainer.get_eval_dataloader()
+    assert trainer.get_eval_dataloader() is loader  # built once (transformers: same object)
+    first = trainer.evaluate()
+    pids = set(model.eval_pids)
+    model.eval_pids.clear()
+    second = trainer.evaluate()
+    assert len(pids) == 2 and os.getpid() not in pids  # loaded by the two workers...
+    assert model.eval_pids == pids  # ... the same two processes the second time: not restarted
+    assert first["eval_loss"] == second["eval_loss"]
+
+
+def test_without_persistent_workers_each_evaluation_builds_its_loader(tmp_path):
+    trainer = cadence.Trainer(RegressionModel(), make_args(tmp_path), eval_dataset=RegressionDataset(8))
+    assert trainer.get_eval_dataloader() is not trainer.get_eval_dataloader()
+
+
+def test_persistent_eval_dataloaders_are_per_dataset(tmp_path):
+    sets = {"a": RegressionDataset(8, seed=1), "b": RegressionDataset(12, seed=2)}
+    args = make_args(tmp_path, dataloader_persistent_workers=True)
+    trainer = cadence.Trainer(RegressionModel(), args, eval_dataset=sets)
+    a, b = trainer.get_eval_dataloader("a"), trainer.get_eval_dataloader("b")
+    assert a is not b and len(a.dataset) == 8 and len(b.dataset) == 12
+    assert trainer.get_eval_dataloader("a") is a and trainer.get_eval_dataloader(sets["b"]) is b
+    metrics = trainer.evaluate()
+    assert set(metrics) >= {"eval_a_loss", "eval_b_loss"} and metrics["eval_a_loss"] != metrics["eval_b_loss"]
+
+
+# ------------------------------------------------------------------------------ save_strategy="best" needs a metric
+
+
+@pytest.mark.parametrize("lib", LIBS, ids=lambda m: m.__name__)
+def test_metric_for_best_model_behavior_as_transformers(tmp_path, lib):
+    """transformers' test: save_strategy="best" without metric_for_best_model is refused by the Trainer;
+    load_best_model_at_end alone compares the loss."""
+    args = make_args(tmp_path, lib, eval_strategy="epoch", save_strategy="best")
+    assert args.metric_for_best_model is None
+    with pytest.raises(ValueError, match="`args.metric_for_best_model` must be provided"):
+        lib.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(16), eval_dataset=RegressionDataset(8))
+    args = make_args(tmp_path, lib, eval_strategy="steps", save_strategy="steps", load_best_model_at_end=True)
+    trainer = lib.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(16), eval_dataset=RegressionDataset(8))
+    assert trainer.args.metric_for_best_model == "loss" and trainer.args.greater_is_better is False
+
+
+def test_save_best_with_a_metric_saves_on_improvement(tmp_path):
+    args = make_args(tmp_path, eval_strategy="epoch", save_strategy="best", metric_for_best_model="loss",
+                     num_train_epochs=3, per_device_train_batch_size=8, learning_rate=0.1)
+    trainer = cadence.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(16), eval_dataset=RegressionDataset(8))
+    trainer.train()
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # the loss fell each epoch
+
+
+# ------------------------------------------------------------------------------ logging_nan_inf_filter=False
+
+
+class RepeatDataset(torch.utils.data.Dataset):
+    def __init__(self, x, length=64):
+        self.x, self.length = x, length
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x, "labels": self.x}
+
+
+@pytest.mark.parametrize("lib", LIBS, ids=lambda m: m.__name__)
+def test_logging_inf_nan_unfiltered_as_transformers(tmp_path, lib):
+    """transformers' test: a learning rate of 1e9 makes the loss non-finite; with logging_nan_inf_filter=False
+    the logged losses show it as it is (never replaced by a finite number)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=128, n_embd=32, n_layer=3, n_head=4))
+    x = torch.randint(0, 100, (128,))
+    args = make_args(tmp_path, lib, learning_rate=1e9, logging_steps=5, logging_nan_inf_filter=False)
+    trainer = lib.Trainer(model, args, train_dataset=RepeatDataset(x))
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 4 and all(math.isnan(v) or math.isinf(v) for v in losses[1:])
+    assert not any("nonfinite_losses" in h for h in trainer.state.log_history)
+
+
+def test_an_unfiltered_spike_is_logged_and_the_next_interval_is_clean(tmp_path):
+    """One step's loss is +inf (its gradient finite): unfiltered, that step's log is inf and the next log is
+    the next step's own finite loss (transformers' running sum stays inf - inf = NaN from there on)."""
+
+    class Spike(RegressionModel):
+        calls = 0
+
+        def forward(self, input_x, labels=None):
+            out = super().forward(input_x, labels)
+            if labels is not None and self.training:
+                Spike.calls += 1
+                if Spike.calls == 2:
+                    return (out[0] + float("inf"), out[1])
+            return out
+
+    args = make_args(tmp_path, max_steps=4, logging_steps=1, per_device_train_batch_size=8,
+                     logging_nan_inf_filter=False)
+    trainer = cadence.Trainer(Spike(), args, train_dataset=RegressionDataset(64))
+    result = trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert math.isinf(losses[1]) and all(math.isfinite(v) for v in losses[:1] + losses[2:])
+    assert math.isinf(result.training_loss)
