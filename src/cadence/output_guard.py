@@ -382,17 +382,17 @@ if hasattr(os, "register_at_fork"):
 # ------------------------------------------------------------------ an earlier run's checkpoints
 
 
-def note_earlier_run(lock: OutputDirLock, overwrite: bool, delete: bool) -> list[Path]:
+def note_earlier_run(lock: OutputDirLock, overwrite: bool, main: bool) -> list[Path]:
     """Before a new run (not a resume): the ``checkpoint-N`` folders of an earlier run in ``output_dir``.
 
-    Warns once naming them and remembers them, so this run's rotation leaves them alone
-    (:func:`earlier_checkpoints`); with ``overwrite`` deletes them instead (``delete``: this is the process
-    that deletes), with the earlier run's ``trainer_state.json`` and ``log_history.jsonl``.
+    Warns once (main process) naming them and remembers them, so this run's rotation leaves them alone
+    (:func:`earlier_checkpoints`); with ``overwrite`` the main process deletes them instead, with the earlier
+    run's ``trainer_state.json`` and ``log_history.jsonl``.
 
     Args:
         lock: this run's lock of ``output_dir`` (held on the main process); its ``release()`` forgets them.
         overwrite: ``overwrite_output_dir``.
-        delete: whether this process deletes (the main one) or only notes.
+        main: this is the main process, which deletes and warns (the others only note).
 
     Returns:
         The earlier run's checkpoint folders kept (none when ``overwrite``).
@@ -403,7 +403,7 @@ def note_earlier_run(lock: OutputDirLock, overwrite: bool, delete: bool) -> list
     if not output_dir.is_dir():
         return []
     if overwrite:
-        if delete:
+        if main:
             doomed = _checkpoint_folders(output_dir, leftovers=True)
             doomed += [output_dir / name for name in EARLIER_RUN_FILES if (output_dir / name).is_file()]
             for path in doomed:
@@ -414,6 +414,8 @@ def note_earlier_run(lock: OutputDirLock, overwrite: bool, delete: bool) -> list
     if not found:
         return []
     _earlier[_key(output_dir)] = {p.name for p in found}
+    if not main:
+        return found
     names = ", ".join(p.name for p in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
     logger.warning(
         "output_dir=%r holds checkpoints of an earlier run (%s). This run starts at step 0 (as transformers does); "

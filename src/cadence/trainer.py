@@ -476,7 +476,7 @@ class Trainer:
         if resume_from_checkpoint is None and output_guard.restarted_by_torchrun():  # False: told not to resume
             resume_from_checkpoint = self._restarted_job_checkpoint()
         if resume_from_checkpoint in (None, False):
-            output_guard.note_earlier_run(lock, args.overwrite_output_dir, delete=main)
+            output_guard.note_earlier_run(lock, args.overwrite_output_dir, main=main)
         self.backend.barrier()
         return resume_from_checkpoint
 
