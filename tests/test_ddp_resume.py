@@ -59,3 +59,30 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
     assert ok(proc) == 3  # both processes saved and stopped at step 3
     assert os.listdir(out) == ["checkpoint-3"]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(os.path.join(out, "checkpoint-3")))
+
+
+@pytest.mark.slow
+def test_a_job_torchrun_restarts_resumes_its_own_checkpoint_by_itself(tmp_path):
+    """torchrun --max-restarts 3: process 1 is SIGKILLed at step 5 of the first attempt; torchrun restarts both, and
+    the restarted attempt (not told to resume) starts at checkpoint-4, this job's newest, and ends with the weights of
+    the job that never died. checkpoint-6 of another job (another torchrun launch), newer, is never resumed."""
+    full, out = str(tmp_path / "full"), str(tmp_path / "run")
+    steps = ok(launch(2, full))
+    # another job's newer checkpoint there first: a restart must not take it for its own
+    assert ok(launch(2, out, "--stop", "6", "--save-steps", "6")) == 6
+    src = os.path.join(os.path.dirname(HERE), "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--max-restarts", "3",
+           "--monitor-interval", "0.2", os.path.join(HERE, "ddp_resume_worker.py"), out, "--save-steps", "4",
+           "--kill-rank1", "5"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    starts = re.findall(r"ATTEMPT restart (\d+) rank (\d) starts at step (\d+)", proc.stdout)
+    assert ("0", "0", "0") in starts and ("0", "1", "0") in starts, proc.stdout[-3000:]  # a new run: the other job's
+    restarted = [(r, rank, step) for r, rank, step in starts if r != "0"]  # checkpoint-6 was only warned about
+    assert restarted and all(step == "4" for _, _, step in restarted), starts
+    assert "resuming from its newest intact checkpoint" in proc.stderr and "checkpoint-4" in proc.stderr
+    assert ok(proc) == steps
+    expected = torch.load(os.path.join(full, "final.pt"), weights_only=True)
+    got = torch.load(os.path.join(out, "final.pt"), weights_only=True)
+    assert set(got) == set(expected) and all(torch.equal(got[k], v) for k, v in expected.items())

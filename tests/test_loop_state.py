@@ -33,11 +33,11 @@ def test_loop_state_file_keeps_its_keys_and_position(out_dir):
     assert sorted(saved) == sorted([  # the keys checkpoints have been written with: renaming one breaks resume
         "loss_sum", "nonfinite", "total", "nonfinite_total", "last_logged_step", "first_step", "epoch",
         "batches_in_epoch", "batches_per_epoch", "train_batch_size", "gradient_accumulation_steps", "world_size",
-        "num_samples", "fingerprint"])
+        "num_samples", "fingerprint", "sample"])  # "sample" (a hash of rows of a datasets.Dataset) added later
     assert {k: saved[k] for k in ("epoch", "batches_in_epoch", "batches_per_epoch", "last_logged_step", "first_step",
                                   "train_batch_size", "gradient_accumulation_steps", "world_size", "num_samples",
-                                  "fingerprint", "nonfinite")} == {
+                                  "fingerprint", "sample", "nonfinite")} == {
         "epoch": 1, "batches_in_epoch": 4, "batches_per_epoch": 8, "last_logged_step": 4, "first_step": 0,
         "train_batch_size": 2, "gradient_accumulation_steps": 2, "world_size": 1, "num_samples": 16,
-        "fingerprint": None, "nonfinite": 0}
+        "fingerprint": None, "sample": None, "nonfinite": 0}
     assert saved["loss_sum"] > 0 and saved["total"] > 0  # steps 5-6 not yet logged; steps 1-4 logged

@@ -77,7 +77,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from . import backend
+from . import backend, output_guard
 from .loop_state import BatchLayout
 from .trainer_callback import ExportableState, TrainerCallback, TrainerState
 from .trainer_utils import CHECKPOINT_DIR_RE, has_length, sorted_checkpoints
@@ -511,14 +511,18 @@ def save_json(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: str | None, just_written: Path) -> list[Path]:
-    """Delete the oldest checkpoints beyond ``limit``, never the best one nor the one just written.
+def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: str | None, just_written: Path,
+                       earlier: set[Path] = frozenset()) -> list[Path]:
+    """Delete the oldest checkpoints beyond ``limit``, never the best one nor the one just written; the
+    ``earlier`` run's checkpoints (``output_guard.earlier_checkpoints``) neither count nor go.
 
     Returns the deleted folders.
     """
     if not limit:
         return []
-    return delete_oldest(sorted_checkpoints(output_dir), limit, {just_written, best})
+    earlier = {Path(p).resolve() for p in earlier}
+    own = [c for c in sorted_checkpoints(output_dir) if c.resolve() not in earlier]
+    return delete_oldest(own, limit, {just_written, best})
 
 
 def delete_oldest(ordered: list[Path], limit: int, keep: set) -> list[Path]:
@@ -1102,7 +1106,14 @@ def _check_same_data(folder: Path, loop: dict, identity: dict, expected_batches:
     n, fp = identity.get("num_samples"), identity.get("fingerprint")
     if saved_n is None and loop.get("batches_per_epoch") not in (None, expected_batches):
         saved_n = f"data giving {loop['batches_per_epoch']} batches per epoch"
-    changed = (saved_n is not None and n is not None and saved_n != n) or (saved_fp and fp and saved_fp != fp)
+    other_fp = bool(saved_fp and fp and saved_fp != fp)
+    if other_fp and saved_n == n and loop.get("sample") and loop.get("sample") == identity.get("sample"):
+        # datasets gives a .map() whose function it cannot hash a random fingerprint: the length and rows decide
+        logger.warning("checkpoint %s was written with train_dataset fingerprint %s, this run's is %s, but the "
+                       "length (%s) and a sample of the rows agree: resuming (datasets gives a .map() whose function "
+                       "it cannot hash a random fingerprint)", folder, saved_fp, fp, n)
+        other_fp = False
+    changed = (saved_n is not None and n is not None and saved_n != n) or other_fp
     if changed:
         what = f"{saved_n} samples" if isinstance(saved_n, int) else (saved_n or "the same length")
         raise ValueError(
@@ -1326,7 +1337,8 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     backend.barrier()  # every process agrees the save is complete before anything is deleted
     if args.should_save:
         remove_incomplete(args.output_dir)
-        rotate_checkpoints(args.output_dir, args.save_total_limit, state.best_model_checkpoint, folder)
+        rotate_checkpoints(args.output_dir, args.save_total_limit, state.best_model_checkpoint, folder,
+                           output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
     return folder
 
 

@@ -220,6 +220,33 @@ def sample_lengths(dataset: Any, key: str, length_column: str | None = None) -> 
     return lengths
 
 
+def content_sample(dataset: Any, rows: int = 8) -> str | None:
+    """A hash of ``rows`` rows spread over a ``datasets.Dataset`` (first and last included), in its raw format.
+
+    Resume compares it when the dataset's fingerprint changed: ``datasets`` gives a ``.map()`` whose function it
+    cannot hash a random fingerprint, so the same data can come back under another one. None for other datasets
+    (their rows may be drawn at random, e.g. augmented) and where the rows cannot be read.
+
+    Example:
+        >>> content_sample(datasets.Dataset.from_dict({"x": [1, 2, 3]}))
+        '5f1c...'
+    """
+    import hashlib
+    import json
+
+    if getattr(dataset, "_fingerprint", None) is None or not hasattr(dataset, "with_format"):
+        return None
+    try:
+        n = len(dataset)
+        raw = dataset.with_format(None)  # no set_transform: what is stored, not what a transform draws
+        picked = sorted({round(k * (n - 1) / max(rows - 1, 1)) for k in range(rows)}) if n else []
+        text = json.dumps([raw[i] for i in picked], sort_keys=True, default=repr)
+    except Exception as e:  # noqa: BLE001 - a dataset that cannot be sampled is recognised by its fingerprint only
+        logger.debug("no content sample of the train_dataset: %s", e)
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0) -> None:
     """Tell the sampler and the dataset (e.g. a shuffling ``datasets.IterableDataset``) the epoch.
 

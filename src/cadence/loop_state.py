@@ -49,9 +49,9 @@ class BatchLayout:
 
 def data_identity(dataset: Any) -> dict[str, Any]:
     """What ``loop_state.json`` keeps of the training data to recognise it on resume: its length and,
-    for a ``datasets.Dataset``, its fingerprint (None where there is none)."""
+    for a ``datasets.Dataset``, its fingerprint and a hash of a few rows (None where there are none)."""
     return {"num_samples": len(dataset) if has_length(dataset) else None,
-            "fingerprint": getattr(dataset, "_fingerprint", None)}
+            "fingerprint": getattr(dataset, "_fingerprint", None), "sample": data.content_sample(dataset)}
 
 
 class LoopState:

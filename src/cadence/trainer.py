@@ -148,7 +148,6 @@ class Trainer:
         self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
         self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
         self._loop: LoopState | None = None  # the latest train() call's loop state (log() reads its token count)
-        self._claimed_output_dir: str | None = None  # the output_dir an earlier train() of this Trainer wrote
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
         self._eval_dataloaders: dict = {}  # (dataset id, batch size) -> (dataset, loader), with persistent workers
 
@@ -456,10 +455,11 @@ class Trainer:
         """
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
-        lock = self._claim_output_dir(resuming=resume_from_checkpoint not in (None, False))
-        self._memory_tracker.start("train")
+        lock = output_guard.OutputDirLock(self.args.output_dir)
         failed = True
         try:
+            resume_from_checkpoint = self._claim_output_dir(lock, resume_from_checkpoint)
+            self._memory_tracker.start("train")  # a refused run measures nothing (stop() without start is a no-op)
             output = self._train_holding_lock(resume_from_checkpoint, trial, ignore_keys_for_eval)
             failed = False
             return output
@@ -467,24 +467,48 @@ class Trainer:
             lock.release(remove_created_dir=failed)  # a failed run leaves no empty output_dir behind
             self._memory_tracker.stop("train")  # after a failure: later evaluations are measured again
 
-    def _claim_output_dir(self, resuming: bool) -> output_guard.OutputDirLock:
-        """Lock ``output_dir`` for this run (main process) and, for a new run, refuse (or with
-        ``overwrite_output_dir=True`` delete) another run's checkpoints there; see ``output_guard``."""
+    def _claim_output_dir(self, lock: output_guard.OutputDirLock, resume_from_checkpoint: str | bool | None) -> str | bool | None:
+        """Lock ``output_dir`` for this run (main process; see ``output_guard``). A job torchrun restarted
+        continues its own newest intact checkpoint when none is given; a new run notes (warns, keeps away from
+        rotation) an earlier run's checkpoints there, or with ``overwrite_output_dir=True`` deletes them.
+
+        Returns:
+            The ``resume_from_checkpoint`` to use.
+        """
         args = self.args
-        lock = output_guard.OutputDirLock(args.output_dir)
         main = args.process_index == 0  # one owner, also with save_on_each_node on a shared disk
-        try:
-            if main:
-                lock.acquire()
-            new_run = not resuming and self._claimed_output_dir != os.path.abspath(args.output_dir)
-            if new_run and (main or not args.overwrite_output_dir):  # only the main process deletes
-                output_guard.refuse_foreign_checkpoints(args.output_dir, args.overwrite_output_dir)
-            self.backend.barrier()
-        except BaseException:
-            lock.release()
-            raise
-        self._claimed_output_dir = os.path.abspath(args.output_dir)
-        return lock
+        if main:
+            lock.acquire()
+        if resume_from_checkpoint is None and output_guard.restarted_by_torchrun():  # False: told not to resume
+            resume_from_checkpoint = self._restarted_job_checkpoint()
+        if resume_from_checkpoint in (None, False):
+            output_guard.note_earlier_run(lock, args.overwrite_output_dir, main=main)
+        self.backend.barrier()
+        return resume_from_checkpoint
+
+    def _restarted_job_checkpoint(self) -> str | None:
+        """torchrun restarted this job: its newest intact checkpoint in ``output_dir`` (the main process decides,
+        every process gets its answer), or None when it wrote none yet. Logged."""
+        args, folder, job = self.args, None, output_guard.job_identity()
+        if args.process_index == 0 and job is not None and os.path.isdir(args.output_dir):
+            checkpoint.remove_incomplete(args.output_dir)  # a save the restart interrupted: never chosen
+            for path in output_guard.job_checkpoints(args.output_dir, job):
+                try:
+                    checkpoint.verify_checkpoint(path)
+                except checkpoint.CorruptCheckpointError as e:
+                    logger.warning("%s; trying this job's older checkpoint", e)
+                    continue
+                folder = str(path)
+                break
+        folder = self.backend.broadcast_object(folder)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if folder is not None:
+            logger.warning("torchrun restarted this job (restart %s): resuming from its newest intact checkpoint %s",
+                           restart, folder)
+        else:
+            logger.warning("torchrun restarted this job (restart %s): no checkpoint of this job in output_dir=%r, "
+                           "training from the start", restart, args.output_dir)
+        return folder
 
     def _train_holding_lock(self, resume_from_checkpoint, trial, ignore_keys_for_eval) -> TrainOutput:
         if resume_from_checkpoint in (None, False):
@@ -579,8 +603,9 @@ class Trainer:
             hyperparameter_search.record_trial(self, trial)
         tokens = data.TokenCounter(args.include_num_input_tokens_seen, getattr(self.model, "main_input_name", "input_ids"),
                                    getattr(self.processing_class, "pad_token_id", None))
+        job = output_guard.job_identity()  # saved with the data's identity: a restarted torchrun job finds its own
         loop = LoopState(self.backend, args.logging_nan_inf_filter, tokens, layout, batches_per_epoch,
-                         data_identity(self.train_dataset))
+                         {**data_identity(self.train_dataset), **({"job": job} if job else {})})
         resume = None
         if resume_from_checkpoint is not None:
             resume = checkpoint.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)

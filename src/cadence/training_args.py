@@ -609,8 +609,9 @@ class TrainingArguments:
     overwrite_output_dir: bool = field(
         default=False,
         metadata=_help(
-            "4.x option (HF 5 dropped it): a new run (no resume_from_checkpoint) into an output_dir holding "
-            "checkpoint-N folders is refused unless this is True, which deletes those folders (and only them) first."
+            "4.x option (HF 5 dropped it): a new run (no resume_from_checkpoint) into an output_dir holding an "
+            "earlier run's checkpoint-N folders keeps them (warned; this run's rotation leaves them alone) unless "
+            "this is True, which deletes them and the earlier run's trainer_state.json/log_history.jsonl first."
         ),
     )
     save_safetensors: bool | None = field(
