@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared machine a second thread "
                    "made steps vary 0.6-4 s; it also leaves a core to a background save)")
     a = p.parse_args(argv)
+    if a.steps is not None and a.steps <= SAVE_EVERY:
+        p.error(f"--steps {a.steps}: needs at least {SAVE_EVERY + 1} (a save step followed by another step)")
     import torch
 
     torch.set_num_threads(a.threads)
