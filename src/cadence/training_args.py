@@ -296,7 +296,7 @@ class TrainingArguments:
     auto_find_batch_size: bool = field(
         default=False,
         metadata=_help(
-            "After an out-of-memory error, cut each batch into micro-batches 10% smaller (64 -> 57 -> 51 ..., as "
+            "After an out-of-memory error, cut each batch into micro-batches a tenth smaller (64 -> 57 -> 51 ..., as "
             "transformers shrinks the batch; the global batch stays the same) and redo the step; in evaluation, "
             "make the eval batch 10% smaller. One process only."
         ),
