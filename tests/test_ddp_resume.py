@@ -62,6 +62,10 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("CADENCE_TEST_TORCHRUN_RESTARTS") != "1", reason=(
+    "opt-in (CADENCE_TEST_TORCHRUN_RESTARTS=1): on CPU, gloo's connect in torchrun's restarted attempts after a SIGKILL "
+    "failed in every restart of 4 of 6 runs on this 2-core VM (passed in 2), so this end-to-end check is not yet reliable "
+    "enough for CI; the in-process test of the same rule runs always (issue 21)"))
 def test_a_job_torchrun_restarts_resumes_its_own_checkpoint_by_itself(tmp_path):
     """torchrun --max-restarts 3: process 1 is SIGKILLed at step 5 of the first attempt; torchrun restarts both, and
     the restarted attempt (not told to resume) starts at checkpoint-4, this job's newest, and ends with the weights of
