@@ -7,7 +7,6 @@ answers and metrics, and the subclass's gathered statistic counts every process'
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ pytest.importorskip("datasets")
 from safetensors.torch import load_file  # noqa: E402
 
 import qa_example  # noqa: E402
+from example_runs import read, runs_on_both_libraries  # noqa: E402
 from dist_exit import assert_finished  # noqa: E402
 
 HERE = os.path.dirname(__file__)
@@ -53,16 +53,6 @@ def argv(data, out, batch=4, ga=2):
             "--adam_epsilon", "1e-6"]
 
 
-def run(lib, args):
-    os.environ["QA_EXAMPLE_LIB"] = lib
-    try:
-        return qa_example.main(args)
-    finally:
-        del os.environ["QA_EXAMPLE_LIB"]
-
-
-def read(out, name):
-    return json.loads((out / name).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -75,22 +65,7 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(data, tmp_path_factory):
-    root = tmp_path_factory.mktemp("qa")
-    monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    result = {}
-    try:
-        for lib in ("cadence", "transformers"):
-            out = root / lib / "out"
-            result[lib] = (out, run(lib, argv(data, out)))
-        resumed = root / "resumed" / "out"
-        resumed.mkdir(parents=True)
-        shutil.copytree(root / "cadence" / "out" / "checkpoint-8", resumed / "checkpoint-8")
-        result["resumed"] = (resumed, run("cadence", argv(data, resumed) + ["--resume_from_checkpoint",
-                                                                           str(resumed / "checkpoint-8")]))
-    finally:
-        monkeypatch.undo()
-    return result
+    return runs_on_both_libraries(tmp_path_factory.mktemp("qa"), qa_example.main, "QA_EXAMPLE_LIB", lambda out: argv(data, out))
 
 
 def compare(mine, hers, rel=REL):

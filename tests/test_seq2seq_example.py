@@ -6,7 +6,6 @@ unbroken run; on two processes (torchrun, gloo) it gives the one-process predict
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ pytest.importorskip("datasets")
 from safetensors.torch import load_file  # noqa: E402
 
 import summarization_example  # noqa: E402
+from example_runs import read, runs_on_both_libraries  # noqa: E402
 from dist_exit import assert_finished  # noqa: E402
 
 HERE = os.path.dirname(__file__)
@@ -56,13 +56,6 @@ def argv(data, out, batch=4, ga=2):
             "--adam_epsilon", "1e-6"]
 
 
-def run(lib, args):
-    os.environ["SEQ2SEQ_EXAMPLE_LIB"] = lib
-    try:
-        return summarization_example.main(args)
-    finally:
-        del os.environ["SEQ2SEQ_EXAMPLE_LIB"]
-
 
 def launch_two(args, tmp):
     src = os.path.join(os.path.dirname(HERE), "src")
@@ -73,9 +66,6 @@ def launch_two(args, tmp):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp)
     assert_finished(proc, 2)
 
-
-def read(out, name):
-    return json.loads((out / name).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -89,22 +79,7 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(data, tmp_path_factory):
     """The script on cadence and on transformers, and on cadence resumed from checkpoint-8 of a copy of its run."""
-    root = tmp_path_factory.mktemp("seq2seq")
-    monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    result = {}
-    try:
-        for lib in ("cadence", "transformers"):
-            out = root / lib / "out"
-            result[lib] = (out, run(lib, argv(data, out)))
-        resumed = root / "resumed" / "out"
-        resumed.mkdir(parents=True)
-        shutil.copytree(root / "cadence" / "out" / "checkpoint-8", resumed / "checkpoint-8")
-        result["resumed"] = (resumed, run("cadence", argv(data, resumed) + ["--resume_from_checkpoint",
-                                                                           str(resumed / "checkpoint-8")]))
-    finally:
-        monkeypatch.undo()
-    return result
+    return runs_on_both_libraries(tmp_path_factory.mktemp("seq2seq"), summarization_example.main, "SEQ2SEQ_EXAMPLE_LIB", lambda out: argv(data, out))
 
 
 def test_same_weights_generations_and_metrics_as_transformers(runs):
