@@ -147,6 +147,12 @@ class Backend:
         zero = (self.deepspeed or {}).get("zero_optimization", {})
         return self.sharding is not None or str(zero.get("stage")) == "3"
 
+    @property
+    def saves_in_background(self) -> bool:
+        """Whether a checkpoint's files can be written by a background thread from a snapshot of the states
+        (``async_save``): not under DeepSpeed, whose engine writes its checkpoint with collectives of its own."""
+        return not self.deepspeed
+
     def prepare_model(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> torch.nn.Module:
         """Move to the device; compile once with ``torch_compile``; wrap for data parallelism only when
         there are several processes (FSDP: shard in place, and point ``optimizer`` at the sharded parameters)."""

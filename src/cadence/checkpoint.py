@@ -78,6 +78,7 @@ import numpy as np
 import torch
 
 from . import backend, output_guard
+from .background_save import BackgroundWriter
 from .loop_state import BatchLayout
 from .trainer_callback import ExportableState, TrainerCallback, TrainerState
 from .trainer_utils import CHECKPOINT_DIR_RE, has_length, sorted_checkpoints
@@ -1275,7 +1276,8 @@ def find_resume_folder(resume_from_checkpoint: str | os.PathLike | bool, args: A
     return resolve_checkpoint(resume_from_checkpoint, args.output_dir)
 
 
-def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args: Any) -> Path:
+def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args: Any,
+         writer: BackgroundWriter | None = None) -> Path:
     """Write the checkpoint ``folder`` from named objects, atomically, then rotate the older ones away.
 
     Every process calls it, as a state may be a collective (FSDP gathers the weights or writes shards,
@@ -1285,6 +1287,13 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     deleted (never the best one nor this one). With ``save_only_model`` only the weights, the arguments
     and ``trainer_state.json`` are written.
 
+    With a ``writer`` the save is asynchronous: the states are collected here as always (collectives stay on
+    the training thread), the small files that are ready (every process's RNG state, FSDP's sharded DCP
+    state, weights a model's ``save_pretrained`` writes only from the live model, e.g. PEFT adapters) go into the
+    staging folder now, every process's part is in it at the barrier, and the main process hands a CPU snapshot
+    of the rest to the writer's thread, which writes, hashes, renames and rotates. Returns at once;
+    ``writer.wait()`` waits for the folder. The caller passes none where ``backend.saves_in_background`` is False.
+
     Args:
         folder: ``{output_dir}/checkpoint-{global_step}``.
         objects: ``model`` (as trained: wrapped; its unwrapped module's weights are saved), ``processing_class``
@@ -1293,6 +1302,7 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
             ``trainer_state``, and ``callbacks`` (the handler) and ``control``, whose states go into it.
         backend: the run's ``Backend`` (the model's and optimizer's states, barriers).
         args: the run's ``TrainingArguments`` (also saved, as ``training_args.bin`` and ``.json``).
+        writer: the Trainer's ``BackgroundWriter`` (``async_save=True``), or None: written before returning.
 
     Returns:
         ``folder``.
@@ -1303,6 +1313,8 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     folder = Path(folder)
     tmp = staging_folder(folder)
     full = not args.save_only_model
+    if writer is not None:  # one save in flight; its snapshot buffers are free once it is written
+        writer.wait(reason=f"the next checkpoint ({folder.name})")
     if args.should_save:  # every process puts its files into the staging folder first
         prepare_staging(folder)
     backend.barrier()
@@ -1316,30 +1328,81 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         for name in STATE_FILES:
             if name != "optimizer" and objects.get(name) is not None:
                 states[name] = objects[name].state_dict()
-    backend.barrier()
     state = objects["trainer_state"]
     stateful = [cb for cb in [*objects["callbacks"].callbacks, objects["control"]] if isinstance(cb, ExportableState)]
     state.stateful_callbacks = TrainerState(stateful_callbacks=stateful).stateful_callbacks
+    unwrapped, processing_class = backend.unwrap(model), objects.get("processing_class")
+    write = None
     if args.should_save:
         logger.info(f"Saving model checkpoint to {folder}")
-
-        def write(tmp: Path) -> None:
-            save_model_weights(backend.unwrap(model), tmp, objects.get("processing_class"), states["model"])
-            for name, file in STATE_FILES.items():
-                if states.get(name) is not None:
-                    (save_json if file.endswith(".json") else torch.save)(states[name], tmp / file)
-            arguments = args.to_dict()
-            torch.save(arguments, tmp / TRAINING_ARGS_NAME)
-            save_json(arguments, tmp / TRAINING_ARGS_JSON)
-            state.save_to_json(str(tmp / TRAINER_STATE_NAME))  # last: marks completeness
-
-        write_atomically(folder, write, fresh=False)
-    backend.barrier()  # every process agrees the save is complete before anything is deleted
-    if args.should_save:
-        remove_incomplete(args.output_dir)
-        rotate_checkpoints(args.output_dir, args.save_total_limit, state.best_model_checkpoint, folder,
-                           output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
+        if writer is not None:
+            if _weights_from_state_dict(unwrapped):
+                if states["model"] is None:
+                    states["model"] = unwrapped.state_dict()
+            else:  # written from the live model, now (adapters are small); the snapshot needs no weights
+                _write_weights(folder, unwrapped, processing_class, states.pop("model"))
+            states = writer.snapshot(states)
+        write = functools.partial(_write_files, unwrapped, processing_class, states, args.to_dict(),
+                                  state.to_json_string())
+    backend.barrier()  # every process's part is in the staging folder
+    if writer is None:
+        _complete(folder, write, args, state.best_model_checkpoint, backend.barrier)
+    elif write is not None:
+        writer.submit(folder, functools.partial(_complete, folder, write, args, state.best_model_checkpoint, None))
     return folder
+
+
+def _weights_from_state_dict(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s weights file can be written from a snapshot of its state dict, later: its
+    ``save_pretrained`` takes ``state_dict`` (transformers' models) or it has none (plain safetensors). A PEFT model
+    saves its adapters from itself."""
+    from . import peft_support
+
+    if peft_support.has_adapters(model):
+        return False
+    save_pretrained = getattr(model, "save_pretrained", None)
+    return save_pretrained is None or _takes_keyword(save_pretrained, "state_dict")
+
+
+def _write_weights(folder: Path, model: torch.nn.Module, processing_class: Any, state_dict: dict | None) -> None:
+    """The weights into the staging folder of ``folder`` now, on the training thread."""
+    tmp = staging_folder(folder)
+    try:
+        save_model_weights(model, tmp, processing_class, state_dict)
+    except (OSError, RuntimeError) as e:
+        error = _write_error(folder, tmp, e)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise error from e
+
+
+def _write_files(model: torch.nn.Module, processing_class: Any, states: dict, arguments: dict, state_text: str,
+                 tmp: Path) -> None:
+    """Every file of the main process into ``tmp`` from the collected ``states`` (live, or a snapshot of them),
+    ``trainer_state.json`` (``state_text``) last: it marks completeness."""
+    if "model" in states:  # else the weights are in the folder already
+        save_model_weights(model, tmp, processing_class, states["model"])
+    for name, file in STATE_FILES.items():
+        if states.get(name) is not None:
+            (save_json if file.endswith(".json") else torch.save)(states[name], tmp / file)
+    torch.save(arguments, tmp / TRAINING_ARGS_NAME)
+    save_json(arguments, tmp / TRAINING_ARGS_JSON)
+    (tmp / TRAINER_STATE_NAME).write_text(state_text, encoding="utf-8")  # last: marks completeness
+
+
+def _complete(folder: Path, write: Callable[[Path], None] | None, args: Any, best: str | None,
+              barrier: Callable[[], None] | None) -> None:
+    """The rest of a save, inline (``barrier``: every process) or in the writer's thread (``barrier`` None: only the
+    main process, after every process's part is in the staging folder): ``write`` the main process's files (None on
+    the others), the manifest, fsync and rename (:func:`write_atomically`); then every process agrees the folder is
+    complete, and only then are killed saves' leftovers and checkpoints beyond ``save_total_limit`` deleted."""
+    if write is not None:
+        write_atomically(folder, write, fresh=False)
+    if barrier is not None:
+        barrier()
+    if write is not None:
+        remove_incomplete(args.output_dir)
+        rotate_checkpoints(args.output_dir, args.save_total_limit, best, folder,
+                           output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
 
 
 def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args: Any) -> ResumePoint:
@@ -1531,7 +1594,8 @@ class CheckpointManager:
         return self.is_checkpoint_requested
 
     def execute_jit_checkpoint(self) -> Path:
-        """Write ``checkpoint-{global_step}`` now and fire ``on_save``; returns its folder.
+        """Write ``checkpoint-{global_step}`` now (an asynchronous save is waited for) and fire ``on_save``; returns
+        its folder.
 
         transformers fires no ``on_save`` here; cadence does, as after every checkpoint: the trackers write
         the logs they keep in batches, so the checkpoint's logs are on disk with it even if the process
@@ -1540,5 +1604,6 @@ class CheckpointManager:
         trainer = self.trainer
         logger.warning("saving a just-in-time checkpoint at step %d", trainer.state.global_step)
         folder = trainer._save_checkpoint(trainer.model, trial=None)  # transformers' call, which code may patch
-        trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+        if not trainer._collect_save(wait=True, reason="a just-in-time checkpoint returns"):  # written in the background:
+            trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)  # fired there
         return folder

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
-from . import checks, output_guard, peft_support
+from . import background_save, checks, output_guard, peft_support
 from .backend import AcceleratorView, Backend
 from .integrations import registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
@@ -150,6 +150,8 @@ class Trainer:
         self._loop: LoopState | None = None  # the latest train() call's loop state (log() reads its token count)
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
         self._eval_dataloaders: dict = {}  # (dataset id, batch size) -> (dataset, loader), with persistent workers
+        self._checkpoint_writer = background_save.BackgroundWriter()  # async_save: its snapshot buffers, its save in flight
+        self._unannounced_save: Path | None = None  # a background save whose on_save has not fired (every process)
 
         report_to = integrations.get_reporting_integration_callbacks(args.report_to)  # missing package: ValueError here
         self.callback_handler = CallbackHandler([*DEFAULT_CALLBACKS, *report_to, *(callbacks or [])], self.model,
@@ -455,6 +457,7 @@ class Trainer:
         """
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        self._collect_save(wait=True, reason="train() starts")  # a resume reads complete checkpoints only
         lock = output_guard.OutputDirLock(self.args.output_dir)
         failed = True
         try:
@@ -464,6 +467,8 @@ class Trainer:
             failed = False
             return output
         finally:
+            if failed:  # the lock goes only once the save in flight is written (its error is logged: one is raising)
+                self._abandon_save()
             lock.release(remove_created_dir=failed)  # a failed run leaves no empty output_dir behind
             self._memory_tracker.stop("train")  # after a failure: later evaluations are measured again
 
@@ -754,6 +759,7 @@ class Trainer:
             p.grad = None
 
     def _maybe_log_save_evaluate(self, loop: LoopState, ignore_keys_for_eval) -> None:
+        self._collect_save(wait=False)  # a background save written since: on_save now (its error: raised now)
         if self.control.should_log or self.control.should_save:
             self._store_counts(loop)
         if self.control.should_log and self.state.global_step > loop.last_logged_step:
@@ -789,7 +795,10 @@ class Trainer:
                 self.control.should_save = is_new_best
         if self.control.should_save:
             self._save_checkpoint(self.model_wrapped, loop_state=loop)
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            if self._unannounced_save is None:  # written: on_save now
+                self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            else:  # on_save fires once the folder is complete (_collect_save); the request is served as at once
+                self.control.should_save = False
 
     def _evaluate(self, ignore_keys_for_eval=None) -> dict[str, float]:
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
@@ -816,6 +825,7 @@ class Trainer:
         self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum(flos).item()
 
     def _finish_training(self, loop: LoopState) -> TrainOutput:
+        self._collect_save(wait=True, reason="train() returns")  # every checkpoint complete, its on_save fired
         loop.close_interval()  # the steps since the last log count in train_loss
         self._store_counts(loop)
         steps, bad = max(self.state.global_step - loop.first_step, 1), loop.nonfinite_total
@@ -1175,6 +1185,7 @@ class Trainer:
             trial: unused (transformers' signature).
             loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume.
         """
+        self._collect_save(wait=True, reason="the next checkpoint")  # one save in flight; the best one exists below
         args = self.args
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         best_step = self.state.best_global_step
@@ -1182,7 +1193,62 @@ class Trainer:
             best = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
             if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
                 self.state.best_model_checkpoint = str(best)
-        return checkpoint.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args)
+        background = args.async_save and self.backend.saves_in_background
+        writer = self._checkpoint_writer if background else None
+        folder = checkpoint.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args, writer)
+        self._unannounced_save = folder if background else None
+        return folder
+
+    def _collect_save(self, wait: bool, reason: str = "") -> bool:
+        """Finish the background save whose ``on_save`` has not fired: once its folder is complete (at once when
+        ``wait``, else only if it already is: a cheap check at each step boundary), raise its error in this
+        thread or fire ``on_save``. Every process calls it at the same points; with several, they agree (one small
+        all-reduce while a save is pending), so ``on_save`` fires at the same step everywhere.
+
+        Returns:
+            Whether ``on_save`` fired.
+
+        Raises:
+            CheckpointWriteError: the background write failed; the folder does not exist (the cause chained).
+        """
+        folder, writer = self._unannounced_save, self._checkpoint_writer
+        if folder is None:
+            return False
+        error = None
+        if wait:
+            try:
+                writer.wait(reason)
+            except background_save.CheckpointWriteError as e:
+                error = e
+        busy, failed = not writer.done(), error is not None or writer.failed()
+        if self.args.world_size > 1:  # only the main process writes: its answer is everyone's
+            flags = self.backend.reduce_sum(torch.tensor([float(busy), float(failed)], device=self.backend.device))
+            busy, failed = (bool(v > 0) for v in flags.tolist())
+        if busy:
+            return False
+        self._unannounced_save = None
+        try:
+            writer.wait(reason)  # finished: returns at once, or raises its error
+        except background_save.CheckpointWriteError as e:
+            error = error or e
+        if error is not None:
+            raise error
+        if failed:
+            raise background_save.CheckpointWriteError(folder, detail="the main process's background write failed "
+                                                       "(its log names the cause)")
+        should_save = self.control.should_save  # a save requested at this step stays requested
+        self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        self.control.should_save = self.control.should_save or should_save
+        return True
+
+    def _abandon_save(self) -> None:
+        """After train() failed: wait for the save in flight (the lock on ``output_dir`` goes after it), on this
+        process alone (no collective: another may be gone), and log its error instead of hiding the first one."""
+        self._unannounced_save = None
+        try:
+            self._checkpoint_writer.wait(reason="train() stops on an error")
+        except background_save.CheckpointWriteError as e:
+            logger.error("%s", e, exc_info=e.__cause__)
 
     def _checkpoint_objects(self, model: nn.Module, loop: LoopState | None) -> dict[str, Any]:
         """What a checkpoint holds, by name (``checkpoint.save`` / ``checkpoint.load``); the weights are ``model``'s."""
@@ -1205,6 +1271,7 @@ class Trainer:
 
     def _load_best_model(self) -> None:
         """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
+        self._collect_save(wait=True, reason="loading the best model")
         logger.info("loading the best model from %s (%s=%s)", self.state.best_model_checkpoint,
                     self.args.metric_for_best_model, self.state.best_metric)
         self.backend.load_model_weights(self.model, self.state.best_model_checkpoint)
@@ -1212,6 +1279,7 @@ class Trainer:
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
+        self._collect_save(wait=True, reason="save_model")
         weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
         if self.args.should_save:
             logger.info(f"Saving model checkpoint to {output_dir}")

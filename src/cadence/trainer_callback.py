@@ -177,14 +177,18 @@ class TrainerState:
         Args:
             json_path: file to write.
         """
-        state = dataclasses.asdict(self)
-        try:
-            text = json.dumps(state, indent=2, sort_keys=True) + "\n"
-        except TypeError:  # a user's log() held what JSON cannot write: a numpy scalar, an object, an int key
-            state["log_history"] = [{str(k): v for k, v in row.items()} for row in state["log_history"]]
-            text = json.dumps(state, indent=2, sort_keys=True, default=_json_value) + "\n"
+        text = self.to_json_string()
         with open(json_path, "w", encoding="utf-8") as f:
             f.write(text)
+
+    def to_json_string(self) -> str:
+        """The text ``save_to_json`` writes (an asynchronous checkpoint takes it at the save step)."""
+        state = dataclasses.asdict(self)
+        try:
+            return json.dumps(state, indent=2, sort_keys=True) + "\n"
+        except TypeError:  # a user's log() held what JSON cannot write: a numpy scalar, an object, an int key
+            state["log_history"] = [{str(k): v for k, v in row.items()} for row in state["log_history"]]
+            return json.dumps(state, indent=2, sort_keys=True, default=_json_value) + "\n"
 
     @classmethod
     def load_from_json(cls, json_path: str) -> TrainerState:

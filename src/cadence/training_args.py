@@ -424,6 +424,15 @@ class TrainingArguments:
             "room for one more: the oldest is deleted only after the new checkpoint is complete."
         ),
     )
+    async_save: bool = field(
+        default=True,
+        metadata=_help(
+            "cadence only. Write checkpoints in the background: at a save step training waits only while the state "
+            "is copied to CPU memory; one thread writes, hashes, fsyncs and renames the folder while training goes "
+            "on (one save in flight; train()'s end, the best-model load, save_model, a resume and the process exit "
+            "wait for it; its errors are raised at the next step). False: synchronous saves, as before."
+        ),
+    )
     enable_jit_checkpoint: bool = field(
         default=False,
         metadata=_help(

@@ -1,0 +1,191 @@
+"""Asynchronous checkpoint saves: a snapshot taken on the training thread, written by one background thread.
+
+At a save step the training thread only copies the state off the training path (:meth:`BackgroundWriter.snapshot`:
+every tensor into a CPU buffer kept from the previous save, pinned and copied without blocking on CUDA); one
+background thread then serialises, hashes, fsyncs, renames and rotates (:meth:`BackgroundWriter.submit`). One save
+is in flight at a time: the next one waits for it (and logs how long). Whatever reads checkpoints waits for it first
+(:meth:`BackgroundWriter.wait`), and an error in the background is raised in the training thread as a
+:class:`CheckpointWriteError` naming the folder, chained to the cause. The thread is not a daemon, so the process
+exit waits for it too; an ``atexit`` hook reports a failure nobody waited for.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import logging
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint written in the background failed: its folder was not created (the cause is chained)."""
+
+    def __init__(self, folder: str | os.PathLike, cause: BaseException | None = None, detail: str = ""):
+        self.folder = Path(folder)
+        why = detail or (f"{type(cause).__name__}: {cause}" if cause is not None else "unknown cause")
+        super().__init__(f"checkpoint {self.folder} could not be written (in the background): {why}. The checkpoint "
+                         "does not exist; older checkpoints are intact")
+
+
+class _Job:
+    """One background write: its folder, its thread, and the error it ended with."""
+
+    def __init__(self, folder: Path, write: Callable[[], Any], ready: Any):
+        self.folder, self.error = folder, None
+        self._write, self._ready = write, ready
+        # not a daemon: the interpreter joins it before exiting, so a finished script still completes its save
+        self.thread = threading.Thread(target=self._run, name=f"cadence-save-{folder.name}", daemon=False)
+
+    def _run(self) -> None:
+        try:
+            if self._ready is not None:  # the device->host copies of the snapshot have landed
+                self._ready.synchronize()
+            self._write()
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread, which raises it
+            self.error = e
+
+
+_writers: weakref.WeakSet = weakref.WeakSet()  # every writer with a save possibly in flight, for the exit hook
+
+
+class BackgroundWriter:
+    """One Trainer's background checkpoint writer: its snapshot buffers and its save in flight (at most one).
+
+    Example:
+        >>> writer = BackgroundWriter()
+        >>> states = writer.snapshot({"optimizer": optimizer.state_dict()})   # training thread: copies only
+        >>> writer.submit(folder, lambda: write_files(folder, states))        # returns at once
+        >>> writer.wait()                                                      # before reading the checkpoint
+    """
+
+    def __init__(self):
+        self._job: _Job | None = None
+        self._buffers: dict[tuple, torch.Tensor] = {}  # snapshot path -> CPU tensor, reused save after save
+        self._ready = None  # a CUDA event recorded after the snapshot's copies, when there were any
+        _writers.add(self)
+
+    # ------------------------------------------------------------ the snapshot (training thread)
+
+    def snapshot(self, value: Any) -> Any:
+        """``value`` (nested dicts, lists, tuples of tensors and plain data) with every tensor copied to the CPU.
+
+        Tensors sharing a view (tied weights) share their copy, so they are still stored once. A buffer of the
+        previous save is reused when the shape and dtype match (``copy_``: no fresh allocation, no page faults).
+        Call only once the previous save is finished (:meth:`submit` waits first; its buffers are being written).
+        """
+        assert self._job is None, "snapshot() while a save is in flight would overwrite the buffers it writes"
+        self._aliases: dict[tuple, torch.Tensor] = {}
+        self._on_device = False
+        copied = self._copy(value, ())
+        self._ready = None
+        if self._on_device:  # non_blocking copies: the writer waits for this event, the training thread does not
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        return copied
+
+    def _copy(self, value: Any, path: tuple) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._copy_tensor(value, path)
+        if isinstance(value, dict):
+            out = _empty_like(value)
+            for key, item in value.items():
+                out[key] = self._copy(item, (*path, key))
+            if hasattr(value, "_metadata"):  # a module's state_dict carries its version numbers
+                out._metadata = copy.deepcopy(value._metadata)
+            return out
+        if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+            return type(value)(self._copy(item, (*path, i)) for i, item in enumerate(value))
+        return copy.deepcopy(value)  # numbers and strings as they are; anything else copied, never shared
+
+    def _copy_tensor(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
+        tensor = tensor.detach()
+        alias = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                 tuple(tensor.stride()), tensor.dtype, tensor.device)
+        if tensor.numel() and alias in self._aliases:  # a tied weight: the same copy under both names
+            return self._aliases[alias]
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            pin = tensor.device.type == "cuda"  # pinned host memory: the copy runs without blocking the stream
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+            self._buffers[path] = buffer
+        on_device = tensor.device.type != "cpu"
+        buffer.copy_(tensor, non_blocking=on_device and buffer.is_pinned())
+        self._on_device |= on_device
+        self._aliases[alias] = buffer
+        return buffer
+
+    # ------------------------------------------------------------ the write (background thread)
+
+    def submit(self, folder: str | os.PathLike, write: Callable[[], Any]) -> None:
+        """Run ``write()`` (which creates ``folder``) in the background; returns at once. Waits first for the
+        save in flight, if any, and logs how long it waited."""
+        self.wait(reason=f"the next checkpoint ({Path(folder).name})")
+        self._job = _Job(Path(folder), write, self._ready)
+        self._ready = None
+        self._job.thread.start()
+
+    @property
+    def in_flight(self) -> Path | None:
+        """The folder of the save not yet collected by :meth:`wait` (running or finished), or None."""
+        return None if self._job is None else self._job.folder
+
+    def done(self) -> bool:
+        """Whether no save is running (a finished one may wait to be collected). Cheap: never blocks."""
+        return self._job is None or not self._job.thread.is_alive()
+
+    def failed(self) -> bool:
+        """Whether the save in flight has finished with an error (not yet raised). Never blocks."""
+        return self._job is not None and not self._job.thread.is_alive() and self._job.error is not None
+
+    def wait(self, reason: str = "") -> Path | None:
+        """Block until the save in flight is complete; returns its folder (None when there was none).
+
+        Args:
+            reason: what waits (logged with the time waited, when it had to wait).
+
+        Raises:
+            CheckpointWriteError: the background write failed (naming the folder; the cause chained).
+        """
+        job = self._job
+        if job is None:
+            return None
+        if job.thread.is_alive():
+            start = time.perf_counter()
+            job.thread.join()
+            waited = time.perf_counter() - start
+            if waited >= 0.01:  # the next save waiting is a stall worth a warning: saves come faster than they write
+                log = logger.warning if reason.startswith("the next checkpoint") else logger.info
+                log("waited %.2f s for the background save of %s to finish before %s", waited, job.folder.name,
+                    reason or "going on")
+        self._job = None
+        if job.error is not None:
+            raise CheckpointWriteError(job.folder, job.error) from job.error
+        return job.folder
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    """The interpreter already joined the writer threads (not daemons); report a failure nobody collected."""
+    for writer in list(_writers):
+        try:
+            writer.wait(reason="the process exits")
+        except CheckpointWriteError as e:
+            logger.error("%s", e, exc_info=e.__cause__)
+
+
+def _empty_like(value: dict) -> dict:
+    """An empty dict of ``value``'s kind (an OrderedDict stays one: the files come out byte for byte as from the
+    live state), or a plain dict when the kind needs arguments (a defaultdict's factory)."""
+    try:
+        return type(value)()
+    except TypeError:
+        return {}
