@@ -37,7 +37,9 @@ def main():
 
         def dying_save_json(obj, path):
             real(obj, path)
-            if trainer.state.global_step == kill_at:  # the step, not the staging folder's name
+            # the folder being written (whatever its staging name), not trainer.state: with async_save the
+            # background thread writes checkpoint-N while the training thread is steps further
+            if os.path.basename(os.path.dirname(path)).endswith(f"checkpoint-{kill_at}"):
                 os.kill(os.getpid(), signal.SIGKILL)
 
         checkpoint.save_json = dying_save_json

@@ -12,6 +12,7 @@ logging; last, transformers' remaining public helpers. Callbacks decide when to 
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import functools
 import inspect
@@ -63,6 +64,14 @@ logger = logging.getLogger(__name__)
 # callbacks, a progress bar or, with disable_tqdm=True, a PrinterCallback, and with enable_jit_checkpoint the JIT one)
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
+
+
+def _state_at_save(state: TrainerState) -> TrainerState:
+    """A copy of ``state`` for an ``on_save`` that fires steps after its save (``async_save``): its step, epoch and
+    best checkpoint as saved; its log history as it was then (the rows themselves are shared, never changed)."""
+    saved = copy.copy(state)
+    saved.log_history = list(state.log_history)
+    return saved
 
 
 class Trainer:
@@ -151,7 +160,8 @@ class Trainer:
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
         self._eval_dataloaders: dict = {}  # (dataset id, batch size) -> (dataset, loader), with persistent workers
         self._checkpoint_writer = background_save.BackgroundWriter()  # async_save: its snapshot buffers, its save in flight
-        self._unannounced_save: Path | None = None  # a background save whose on_save has not fired (every process)
+        # a background save whose on_save has not fired (every process): its folder and the state as it was saved
+        self._unannounced_save: tuple[Path, TrainerState] | None = None
 
         report_to = integrations.get_reporting_integration_callbacks(args.report_to)  # missing package: ValueError here
         self.callback_handler = CallbackHandler([*DEFAULT_CALLBACKS, *report_to, *(callbacks or [])], self.model,
@@ -1196,7 +1206,8 @@ class Trainer:
         background = args.async_save and self.backend.saves_in_background
         writer = self._checkpoint_writer if background else None
         folder = checkpoint.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args, writer)
-        self._unannounced_save = folder if background else None
+        # on_save, when it fires later, sees the state of this step (callbacks find checkpoint-{global_step} by it)
+        self._unannounced_save = (folder, _state_at_save(self.state)) if background else None
         return folder
 
     def _collect_save(self, wait: bool, reason: str = "") -> bool:
@@ -1211,9 +1222,9 @@ class Trainer:
         Raises:
             CheckpointWriteError: the background write failed; the folder does not exist (the cause chained).
         """
-        folder, writer = self._unannounced_save, self._checkpoint_writer
-        if folder is None:
+        if self._unannounced_save is None:
             return False
+        (folder, saved_state), writer = self._unannounced_save, self._checkpoint_writer
         error = None
         if wait:
             try:
@@ -1237,7 +1248,7 @@ class Trainer:
             raise background_save.CheckpointWriteError(folder, detail="the main process's background write failed "
                                                        "(its log names the cause)")
         should_save = self.control.should_save  # a save requested at this step stays requested
-        self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        self.control = self.callback_handler.on_save(self.args, saved_state, self.control)
         self.control.should_save = self.control.should_save or should_save
         return True
 
