@@ -50,6 +50,7 @@ def test_event_sequence(tmp_path):
         output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=3,
         num_train_epochs=2, logging_steps=2, eval_strategy="steps", eval_steps=3, save_steps=4,
         per_device_eval_batch_size=8, disable_tqdm=True,
+        async_save=False,  # on_save at its save step, as transformers; with async saves see test_async_save.py
     )
     trainer = Trainer(RegressionModel(), args, train_dataset=RegressionDataset(40), eval_dataset=RegressionDataset(16),
                       callbacks=[recorder])

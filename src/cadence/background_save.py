@@ -84,8 +84,10 @@ class BackgroundWriter:
         """
         assert self._job is None, "snapshot() while a save is in flight would overwrite the buffers it writes"
         self._aliases: dict[tuple, torch.Tensor] = {}
+        self._memo: dict[int, Any] = {}  # a container met twice (AdamW's betas in every group) is copied once
         self._on_device = False
         copied = self._copy(value, ())
+        self._aliases, self._memo = {}, {}  # they hold the live objects: let them go
         self._ready = None
         if self._on_device:  # non_blocking copies: the writer waits for this event, the training thread does not
             self._ready = torch.cuda.Event()
@@ -95,6 +97,12 @@ class BackgroundWriter:
     def _copy(self, value: Any, path: tuple) -> Any:
         if isinstance(value, torch.Tensor):
             return self._copy_tensor(value, path)
+        if id(value) in self._memo:  # shared stays shared: the pickle written from the copy is the live one's
+            return self._memo[id(value)]
+        self._memo[id(value)] = copied = self._copy_new(value, path)
+        return copied
+
+    def _copy_new(self, value: Any, path: tuple) -> Any:
         if isinstance(value, dict):
             out = _empty_like(value)
             for key, item in value.items():
@@ -104,7 +112,7 @@ class BackgroundWriter:
             return out
         if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
             return type(value)(self._copy(item, (*path, i)) for i, item in enumerate(value))
-        return copy.deepcopy(value)  # numbers and strings as they are; anything else copied, never shared
+        return copy.deepcopy(value, self._memo)  # numbers and strings as they are; anything else copied
 
     def _copy_tensor(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
         tensor = tensor.detach()
