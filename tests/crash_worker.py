@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_resume import DropoutTagger, make_args  # noqa: E402
 from tiny import TokenDataset, pad_collate  # noqa: E402
 
-from cadence import Trainer, TrainerCallback, checkpoint, get_last_checkpoint  # noqa: E402
+from cadence import Trainer, TrainerCallback, get_last_checkpoint  # noqa: E402
+from cadence.checkpoint import save_load  # noqa: E402
 
 
 class Report(TrainerCallback):
@@ -33,7 +34,7 @@ def main():
     trainer = Trainer(DropoutTagger(), args, train_dataset=TokenDataset(22), data_collator=pad_collate,
                       callbacks=[Report()])
     if kill_at is not None:  # die half-way through writing checkpoint-{kill_at}: after the optimizer, before the state
-        real = checkpoint.save_json
+        real = save_load.save_json
 
         def dying_save_json(obj, path):
             real(obj, path)
@@ -42,7 +43,7 @@ def main():
             if os.path.basename(os.path.dirname(path)).endswith(f"checkpoint-{kill_at}"):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        checkpoint.save_json = dying_save_json
+        save_load.save_json = dying_save_json
     resume = os.path.isdir(out) and get_last_checkpoint(out) is not None
     result = trainer.train(resume_from_checkpoint=True if resume else None)
     if trainer.state.global_step == trainer.state.max_steps:

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_resume import train  # noqa: E402
 
 from cadence import TrainerCallback  # noqa: E402
-from cadence.checkpoint import verify_checkpoint  # noqa: E402
+from cadence.checkpoint.manifest import verify_checkpoint  # noqa: E402
 
 out, mode = sys.argv[1], sys.argv[2]
 filler = os.path.join(os.path.dirname(out), "filler")

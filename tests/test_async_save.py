@@ -21,9 +21,10 @@ from test_resume import DropoutTagger, assert_same_run, make_args
 from tiny import LMDataset, TokenDataset, lm_collate, pad_collate, stop_at, tiny_gpt2
 
 from cadence import Trainer, TrainerCallback, get_last_checkpoint
-from cadence import checkpoint
-from cadence.background_save import CheckpointWriteError
-from cadence.checkpoint import CheckpointManager, verify_checkpoint
+from cadence.checkpoint import writer
+from cadence.checkpoint.background import CheckpointWriteError
+from cadence.checkpoint.manifest import MANIFEST_NAME, verify_checkpoint
+from cadence.checkpoint.signals import CheckpointManager
 
 
 def train(out, stop=None, resume=None, callbacks=(), **kw):
@@ -39,7 +40,7 @@ def in_background() -> bool:
 @pytest.fixture
 def slow_writes(monkeypatch):
     """Every background write takes ``delay`` seconds longer (a slow disk): saves are still in flight at later steps."""
-    real = checkpoint.write_manifest
+    real = writer.write_manifest
     delay = {"s": 0.3}
 
     def slow_manifest(folder):
@@ -47,7 +48,7 @@ def slow_writes(monkeypatch):
             time.sleep(delay["s"])
         real(folder)
 
-    monkeypatch.setattr(checkpoint, "write_manifest", slow_manifest)
+    monkeypatch.setattr(writer, "write_manifest", slow_manifest)
     return delay
 
 
@@ -64,7 +65,7 @@ def test_async_resume_is_bit_identical_to_unbroken_and_to_sync_saves(tmp_path):
         names = sorted(os.listdir(ours))
         assert names == sorted(os.listdir(theirs))
         for name in names:
-            if not name.startswith("training_args") and name != checkpoint.MANIFEST_NAME:
+            if not name.startswith("training_args") and name != MANIFEST_NAME:
                 assert file_content(ours / name) == file_content(theirs / name), (step, name)
 
 
@@ -86,7 +87,7 @@ def test_tied_weights_saved_once_and_byte_identical_to_sync(tmp_path):
                           train_dataset=LMDataset(16), data_collator=lm_collate)
         trainer.train()
         folders[name] = tmp_path / name / "checkpoint-4"
-    sha = {n: json.loads((f / checkpoint.MANIFEST_NAME).read_text())["files"]["model.safetensors"] for n, f in folders.items()}
+    sha = {n: json.loads((f / MANIFEST_NAME).read_text())["files"]["model.safetensors"] for n, f in folders.items()}
     assert sha["async"] == sha["sync"]
     from safetensors import safe_open
     with safe_open(str(folders["async"] / "model.safetensors"), "pt") as f:
@@ -176,9 +177,9 @@ EXIT_SCRIPT = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from test_async_save import train
-from cadence import checkpoint
-real = checkpoint.write_manifest
-checkpoint.write_manifest = lambda folder: (time.sleep(1.0), real(folder))
+from cadence.checkpoint import writer
+real = writer.write_manifest
+writer.write_manifest = lambda folder: (time.sleep(1.0), real(folder))
 trainer, _ = train({out!r}, max_steps=2)
 trainer._save_checkpoint(trainer.model)  # in flight when the script ends
 print("LEFT", flush=True)

@@ -16,7 +16,8 @@ import pytest
 import torch
 from tiny import RegressionDataset, RegressionModel
 
-from cadence import Trainer, TrainingArguments, backend, checkpoint, data
+from cadence import Trainer, TrainingArguments, backend, data
+from cadence.checkpoint import formats, rng
 from cadence.backend import Backend
 
 
@@ -89,12 +90,12 @@ def test_device_rng_state_round_trips():
 def test_rng_state_file_from_a_gpu_run_resumes_on_this_machine(tmp_path):
     """rng_state.pth written with a GPU entry (transformers' layout) restores python/numpy/torch here, wherever
     "here" is: the GPU entry is applied where there is a GPU, skipped where there is none."""
-    state = checkpoint.capture_rng_state()
+    state = rng.capture_rng_state()
     if "cuda" not in state:
         state["cuda"] = torch.zeros(16, dtype=torch.uint8)  # what a GPU run stores; a CPU never reads it
     torch.save(state, tmp_path / "rng_state.pth")
     expected = (random.random(), np.random.rand(), torch.rand(3))
-    checkpoint.restore_rng_state(checkpoint.safe_load(tmp_path / "rng_state.pth"))
+    rng.restore_rng_state(formats.safe_load(tmp_path / "rng_state.pth"))
     got = (random.random(), np.random.rand(), torch.rand(3))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
@@ -138,7 +139,7 @@ def test_nothing_outside_backend_names_the_device_libraries():
 
     root = os.path.dirname(cadence.__file__)
     allowed = {  # (file, text on the line): the word is the fact
-        ("checkpoint.py", "torch.distributed.checkpoint"),  # FSDP shards' format
+        ("sharded.py", "torch.distributed.checkpoint"),  # FSDP shards' format
         ("training_args.py", "torch.distributed backend"),  # ddp_backend's help: what the field names
     }
     found = []

@@ -13,14 +13,8 @@ import pytest
 from test_resume import assert_same_run, train
 
 from cadence import TrainerCallback
-from cadence.checkpoint import (
-    LOOP_STATE_NAME,
-    MANIFEST_NAME,
-    CorruptCheckpointError,
-    read_trainer_state,
-    verify_checkpoint,
-    write_manifest,
-)
+from cadence.checkpoint.formats import LOOP_STATE_NAME, CorruptCheckpointError
+from cadence.checkpoint.manifest import MANIFEST_NAME, read_trainer_state, verify_checkpoint, write_manifest
 
 
 class StepRecorder(TrainerCallback):

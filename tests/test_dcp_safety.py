@@ -18,8 +18,8 @@ import torch
 from test_fsdp import FSDP, run
 from test_safe_load import Evil
 
-from cadence import checkpoint
-from cadence.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.checkpoint import formats, manifest, sharded
+from cadence.checkpoint.formats import CorruptCheckpointError, UnsafeCheckpointError
 
 
 def plant_metadata(folder, marker):
@@ -90,11 +90,11 @@ def fresh_state():
 
 def test_an_intact_folder_loads_every_value(dcp_folder):
     _, optimizer, saved = optimizer_state()
-    checkpoint.check_dcp_folder(dcp_folder)
+    sharded.check_dcp_folder(dcp_folder)
     state = fresh_state()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        checkpoint.load_dcp(state, dcp_folder)
+        sharded.load_dcp(state, dcp_folder)
     loaded = state["optimizer"]
     assert loaded["param_groups"][0]["lr"] == 0.1 and loaded["param_groups"][0]["betas"] == (0.9, 0.999)  # blobs
     for name, values in saved["optimizer"]["state"].items():
@@ -109,11 +109,11 @@ def test_a_planted_pickle_never_runs(dcp_folder, tmp_path, plant):
     marker = str(tmp_path / "pwned.txt")
     name = PLANTS[plant](dcp_folder, marker)
     with pytest.raises(UnsafeCheckpointError, match=f"refusing to load .*optimizer_0/{name}.*nothing in it was executed"):
-        checkpoint.check_dcp_folder(dcp_folder)
+        sharded.check_dcp_folder(dcp_folder)
     with warnings.catch_warnings(), pytest.raises(UnsafeCheckpointError, match=f"refusing to load .*optimizer_0/{name}"):
         warnings.simplefilter("ignore")
-        checkpoint.load_dcp(fresh_state(), dcp_folder)  # what FSDP's resume and best-model loading call
-    reader, planner = checkpoint._safe_dcp_classes()  # and torch's load with only cadence's reader and planner
+        sharded.load_dcp(fresh_state(), dcp_folder)  # what FSDP's resume and best-model loading call
+    reader, planner = sharded._safe_dcp_classes()  # and torch's load with only cadence's reader and planner
     with warnings.catch_warnings(), pytest.raises(BaseException, match="refusing to load|Weights only load failed"):
         warnings.simplefilter("ignore")
         dcp.load(fresh_state(), storage_reader=reader(dcp_folder), planner=planner(dcp_folder))
@@ -130,7 +130,7 @@ def test_metadata_pointing_outside_its_folder_is_refused(dcp_folder):
     next(iter(meta.storage_data.values())).relative_path = "../../etc/passwd"
     (dcp_folder / ".metadata").write_bytes(pickle.dumps(meta))
     with pytest.raises(CorruptCheckpointError, match="optimizer_0/.metadata points .* at '../../etc/passwd'"):
-        checkpoint.check_dcp_folder(dcp_folder)
+        sharded.check_dcp_folder(dcp_folder)
 
 
 @pytest.mark.parametrize("damage, where, why", [
@@ -141,7 +141,7 @@ def test_metadata_pointing_outside_its_folder_is_refused(dcp_folder):
 def test_damaged_files_are_named(dcp_folder, damage, where, why):
     damage(dcp_folder)
     with pytest.raises(CorruptCheckpointError, match=f"is damaged: optimizer_0/{where} {why}"):
-        checkpoint.check_dcp_folder(dcp_folder)
+        sharded.check_dcp_folder(dcp_folder)
 
 
 # ---------------------------------------------------------------- a real FSDP run under torchrun
@@ -172,22 +172,22 @@ def resume_fails(out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shards, plant, manifest", [
+@pytest.mark.parametrize("shards, plant, listing", [
     ("pytorch_model_fsdp_0", "metadata", "recomputed"), ("optimizer_0", "metadata", "recomputed"),
     ("optimizer_0", "distcp-value", "recomputed"), ("pytorch_model_fsdp_0", "distcp-tensor", "recomputed"),
     ("optimizer_0", "distcp-value", "deleted"),
 ])
-def test_resuming_a_sharded_fsdp_checkpoint_never_runs_a_planted_pickle(sharded_run, tmp_path, shards, plant, manifest):
+def test_resuming_a_sharded_fsdp_checkpoint_never_runs_a_planted_pickle(sharded_run, tmp_path, shards, plant, listing):
     out = tmp_path / "run"
     shutil.copytree(sharded_run, out)
     ckpt = out / "checkpoint-4"
     marker = str(tmp_path / "pwned.txt")
     name = PLANTS[plant](ckpt / shards, marker)
-    if manifest == "recomputed":  # an attacker who rewrites the manifest too: the hashes match
-        checkpoint.write_manifest(ckpt)
+    if listing == "recomputed":  # an attacker who rewrites the manifest too: the hashes match
+        manifest.write_manifest(ckpt)
     else:  # or who makes it look like a checkpoint without one (a cadence checkpoint without its manifest is damaged)
-        os.remove(ckpt / checkpoint.MANIFEST_NAME)
-        os.remove(ckpt / checkpoint.LOOP_STATE_NAME)
+        os.remove(ckpt / manifest.MANIFEST_NAME)
+        os.remove(ckpt / formats.LOOP_STATE_NAME)
     stderr = resume_fails(out)
     assert f"UnsafeCheckpointError: refusing to load checkpoint-4/{shards}/{name}" in stderr, stderr[-3000:]
     assert not os.path.exists(marker)

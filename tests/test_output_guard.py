@@ -374,10 +374,6 @@ def test_a_refused_run_leaves_no_folder_and_a_finished_one_keeps_it(tmp_path):
     assert listing(tmp_path / "done") == []
 
 
-def test_the_loop_state_name_is_the_checkpoints():
-    from cadence import checkpoint
-
-    assert output_guard.LOOP_STATE_NAME == checkpoint.LOOP_STATE_NAME
 
 
 class StartStep(TrainerCallback):

@@ -140,7 +140,7 @@ def test_checkpoint_without_layout_keys_is_read_from_its_arguments(tmp_path, cap
     for key in ("train_batch_size", "gradient_accumulation_steps", "world_size", "num_samples", "fingerprint"):
         del loop[key]
     json.dump(loop, open(path, "w"))
-    from cadence.checkpoint import write_manifest
+    from cadence.checkpoint.manifest import write_manifest
 
     write_manifest(Path(folder))  # the edited file checksummed again (a cadence checkpoint without one is damaged)
     caplog.set_level(logging.WARNING, logger="cadence")

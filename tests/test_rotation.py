@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cadence.checkpoint import rotate_checkpoints
+from cadence.checkpoint.writer import rotate_checkpoints
 
 STEPS = [2, 4, 6, 8, 10]
 
@@ -99,22 +99,23 @@ def test_a_rotation_killed_mid_delete_leaves_no_partial_checkpoint(tmp_path, mon
     """The folder is renamed before it is deleted: a kill inside rmtree (simulated by an exception
     there, after some files are gone) leaves deleting-checkpoint-N, never a half-deleted checkpoint-N,
     and the next run's start-up clean-up removes it."""
-    from cadence import checkpoint
+    from cadence import trainer_utils
+    from cadence.checkpoint import writer
 
     out = str(tmp_path)
     make(out)
-    real_rmtree = checkpoint.shutil.rmtree
+    real_rmtree = trainer_utils.shutil.rmtree
 
     def killed_half_way(path, ignore_errors=False):
         os.remove(os.path.join(path, "trainer_state.json"))  # part of the folder is already gone
         raise KeyboardInterrupt  # stands for the SIGKILL
 
-    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_half_way)
+    monkeypatch.setattr(trainer_utils.shutil, "rmtree", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
         rotate_checkpoints(out, 2, None, os.path.join(out, "checkpoint-10"))
-    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    monkeypatch.setattr(trainer_utils.shutil, "rmtree", real_rmtree)
     assert left(out) == [4, 6, 8, 10]  # checkpoint-2 is gone as a checkpoint, whole
     assert all(os.path.exists(os.path.join(out, f"checkpoint-{s}", "trainer_state.json")) for s in left(out))
     assert os.path.isdir(os.path.join(out, "deleting-checkpoint-2"))
-    assert checkpoint.remove_incomplete(out) == [tmp_path / "deleting-checkpoint-2"]
+    assert writer.remove_incomplete(out) == [tmp_path / "deleting-checkpoint-2"]
     assert sorted(os.listdir(out)) == [f"checkpoint-{s}" for s in (10, 4, 6, 8)]

@@ -2,7 +2,7 @@
 + ``model.safetensors.index.json``, what ``save_pretrained(max_shard_size=...)`` writes), ``pytorch_model.bin`` and
 its sharded index (transformers 4.x, or ``save_safetensors=False``; read with ``weights_only``).
 
-cadence resumes each of them; it writes shards itself when the weights exceed ``checkpoint.MAX_SHARD_SIZE`` (a
+cadence resumes each of them; it writes shards itself when the weights exceed ``formats.MAX_SHARD_SIZE`` (a
 test lowers it); a cadence checkpoint whose weights a user re-sharded after the save resumes with a warning, its
 other files still checked against the manifest.
 """
@@ -19,8 +19,8 @@ from test_resume import assert_same_run, train
 from test_safe_load import Evil
 
 import cadence
-from cadence import checkpoint
-from cadence.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.checkpoint import formats, manifest
+from cadence.checkpoint.formats import CorruptCheckpointError, UnsafeCheckpointError
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,7 +57,7 @@ def to_sharded_safetensors(folder):
 
 
 def shards(folder):
-    return sorted(p.name for p in folder.iterdir() if checkpoint.WEIGHTS_FILE_RE.fullmatch(p.name) and "-of-" in p.name)
+    return sorted(p.name for p in folder.iterdir() if formats.WEIGHTS_FILE_RE.fullmatch(p.name) and "-of-" in p.name)
 
 
 LAYOUTS = {"bin": to_bin, "sharded_bin": to_sharded_bin, "sharded_safetensors": to_sharded_safetensors}
@@ -119,7 +119,7 @@ def cadence_full(tmp_path_factory):
 
 
 def test_a_model_larger_than_the_shard_size_is_saved_sharded_as_save_pretrained_does(tmp_path, monkeypatch, cadence_full):
-    monkeypatch.setattr(checkpoint, "MAX_SHARD_SIZE", "20KB")
+    monkeypatch.setattr(formats, "MAX_SHARD_SIZE", "20KB")
     out = tmp_path / "run"
     stopped = run(cadence, str(out), stop=4, save_steps=4)
     ckpt = out / "checkpoint-4"
@@ -143,7 +143,7 @@ def test_a_model_larger_than_the_shard_size_is_saved_sharded_as_save_pretrained_
 def test_a_plain_module_is_sharded_too(tmp_path, monkeypatch):
     """A model without save_pretrained: cadence's own writer, the same names and index; resume exact."""
     unbroken = train(str(tmp_path / "full"), num_train_epochs=1)
-    monkeypatch.setattr(checkpoint, "MAX_SHARD_SIZE", 300)  # bytes: the tagger's ~1.2 KB of weights in shards
+    monkeypatch.setattr(formats, "MAX_SHARD_SIZE", 300)  # bytes: the tagger's ~1.2 KB of weights in shards
     out = tmp_path / "run"
     train(str(out), stop=4, save_steps=2, num_train_epochs=1)
     ckpt = out / "checkpoint-4"
@@ -159,7 +159,7 @@ def test_a_plain_module_is_sharded_too(tmp_path, monkeypatch):
 @pytest.mark.parametrize("size, expected", [(123, 123), ("20KB", 20_000), ("5GB", 5 * 10**9), ("500MiB", 500 * 2**20),
                                             ("8Mb", 10**6), ("2GiB", 2 * 2**30)])
 def test_shard_sizes_read_as_transformers_reads_them(size, expected):
-    assert checkpoint.shard_size_bytes(size) == expected == transformers.utils.hub.convert_file_size_to_int(size)
+    assert formats.shard_size_bytes(size) == expected == transformers.utils.hub.convert_file_size_to_int(size)
 
 
 # ---------------------------------------------------------------- a cadence checkpoint re-sharded by its user
@@ -188,10 +188,10 @@ def test_re_sharded_weights_do_not_excuse_other_files(tmp_path):
     data[-30] ^= 1
     (ckpt / "optimizer.pt").write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match="checkpoint-4 is damaged: optimizer.pt"):
-        checkpoint.verify_checkpoint(ckpt)
+        manifest.verify_checkpoint(ckpt)
     os.remove(ckpt / "config.json")
     with pytest.raises(CorruptCheckpointError, match="checkpoint-4 is damaged: config.json is missing"):
-        checkpoint.verify_checkpoint(ckpt)
+        manifest.verify_checkpoint(ckpt)
 
 
 def test_re_sharded_weights_are_parsed(tmp_path):
@@ -203,4 +203,4 @@ def test_re_sharded_weights_are_parsed(tmp_path):
     last = ckpt / shards(ckpt)[-1]
     last.write_bytes(last.read_bytes()[:-10])
     with pytest.raises(CorruptCheckpointError, match=f"checkpoint-4 is damaged: {last.name} cannot be read"):
-        checkpoint.verify_checkpoint(ckpt)
+        manifest.verify_checkpoint(ckpt)

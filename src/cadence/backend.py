@@ -42,8 +42,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import checkpoint
-from .loop_state import BatchLayout
+from .checkpoint import formats
+from .checkpoint.sharded import load_dcp
 
 logger = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ class Backend:
         if self.engine is not None and (Path(folder) / "latest").exists():
             self.engine.load_checkpoint(str(folder), load_module_only=True)
         elif self.sharding is None:
-            checkpoint.load_model_weights(self.unwrap(model), folder)
+            formats.load_model_weights(self.unwrap(model), folder)
         else:
             self.sharding.load_model_weights(model, Path(folder))
 
@@ -375,7 +375,7 @@ class Backend:
         if self.engine is not None:
             self.engine.load_checkpoint(str(folder))  # weights and partitioned optimizer state, DeepSpeed's format
         elif self.sharding is None:
-            optimizer.load_state_dict(checkpoint.safe_load(Path(folder) / checkpoint.OPTIMIZER_NAME))
+            optimizer.load_state_dict(formats.safe_load(Path(folder) / formats.OPTIMIZER_NAME))
         else:
             self.sharding.load_optimizer_state(model, optimizer, Path(folder))
 
@@ -980,7 +980,7 @@ class _FullyShard:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if self.sharded_state and not full:
-            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=folder / checkpoint.MODEL_SHARDS_NAME)
+            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=folder / formats.MODEL_SHARDS_NAME)
             return {}
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         first: dict[int, str] = {}  # tied parameters (GPT-2's lm_head and wte) come back as copies: tie them again,
@@ -996,7 +996,7 @@ class _FullyShard:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         if self.sharded_state:
-            dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder / checkpoint.OPTIMIZER_SHARDS_NAME)
+            dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder / formats.OPTIMIZER_SHARDS_NAME)
             return None
         state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if "param_groups" not in state:  # not the saving process: nothing gathered here
@@ -1009,21 +1009,21 @@ class _FullyShard:
     def load_model_weights(self, model: torch.nn.Module, folder: Path) -> None:
         from torch.distributed.fsdp import FSDPModule
 
-        if (folder / checkpoint.MODEL_SHARDS_NAME).is_dir():
+        if (folder / formats.MODEL_SHARDS_NAME).is_dir():
             if not isinstance(model, FSDPModule):  # shards load into a sharded model: after prepare_model
                 self.pending = folder
                 return
             from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
             state = {"model": get_model_state_dict(model)}
-            checkpoint.load_dcp(state, folder / checkpoint.MODEL_SHARDS_NAME)  # no file in it can run code
+            load_dcp(state, folder / formats.MODEL_SHARDS_NAME)  # no file in it can run code
             set_model_state_dict(model, state["model"])
         elif not isinstance(model, FSDPModule):
-            checkpoint.load_model_weights(model, folder)  # full weights, before sharding: sharding splits them
+            formats.load_model_weights(model, folder)  # full weights, before sharding: sharding splits them
         else:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-            state = checkpoint.read_model_weights(folder, torch.device("cpu"))
+            state = formats.read_model_weights(folder, torch.device("cpu"))
             set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
     def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
@@ -1033,12 +1033,12 @@ class _FullyShard:
             set_optimizer_state_dict,
         )
 
-        if (folder / checkpoint.OPTIMIZER_SHARDS_NAME).is_dir():
+        if (folder / formats.OPTIMIZER_SHARDS_NAME).is_dir():
             state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-            checkpoint.load_dcp(state, folder / checkpoint.OPTIMIZER_SHARDS_NAME)  # no file in it can run code
+            load_dcp(state, folder / formats.OPTIMIZER_SHARDS_NAME)  # no file in it can run code
             set_optimizer_state_dict(model, optimizer, state["optimizer"])
             return
-        saved = checkpoint.safe_load(folder / checkpoint.OPTIMIZER_NAME)
+        saved = formats.safe_load(folder / formats.OPTIMIZER_NAME)
         names = {id(p): _fqn(n) for n, p in model.named_parameters()}
         order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]  # numbers -> parameter names
         state = {"state": {order[i]: value for i, value in saved["state"].items()},
@@ -1052,7 +1052,7 @@ class _FullyShard:
 _DS_FROM_ARGS: dict[str, Any] = {
     "train_micro_batch_size_per_gpu": lambda a: a.per_device_train_batch_size,
     "gradient_accumulation_steps": lambda a: a.gradient_accumulation_steps,
-    "train_batch_size": lambda a: BatchLayout.from_args(a).global_batch,
+    "train_batch_size": lambda a: a.train_batch_size * a.gradient_accumulation_steps * a.world_size,  # global
     "gradient_clipping": lambda a: a.max_grad_norm,
     "optimizer.params.lr": lambda a: a.learning_rate,
     "optimizer.params.betas": lambda a: [a.adam_beta1, a.adam_beta2],

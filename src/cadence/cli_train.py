@@ -368,7 +368,7 @@ def _interrupted_exit_status(trainer) -> int:
     ``--resume_from_checkpoint true`` continues from the checkpoint."""
     import signal
 
-    from .checkpoint import JITCheckpointCallback
+    from .checkpoint.signals import JITCheckpointCallback
 
     jit = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback))
     # "a signal to another process" (a rank that saw none): SIGTERM's status, the usual scheduler signal

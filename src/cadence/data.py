@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from .trainer_utils import seed_worker
+from .backend import process_group_size_and_rank
+from .trainer_utils import RemoveColumnsCollator, check_columns, seed_worker
 
 logger = logging.getLogger(__name__)
 
@@ -508,54 +509,6 @@ class DataCollatorWithPadding:
         return padded
 
 
-class RemoveColumnsCollator:
-    """Drop the keys the model's ``forward`` does not accept, then collate (dict datasets and streams).
-
-    The first batch is checked: the dropped keys are logged once, and a batch with no accepted key
-    left is an error naming the sample's keys and the accepted ones.
-
-    Args:
-        data_collator: the collator that gets the reduced samples.
-        signature_columns: the keys to keep (the model's arguments and the label columns).
-        logger: where the dropped keys are logged (default: this module's).
-        model_name, description: for the messages (e.g. ``"GPT2LMHeadModel"``, ``"training"``).
-    """
-
-    def __init__(self, data_collator: Callable, signature_columns, logger: logging.Logger | None = None,
-                 model_name: str | None = None, description: str | None = None):
-        self.data_collator, self.keep = data_collator, set(signature_columns)
-        self.logger, self.model_name, self.description = logger or globals()["logger"], model_name or "the model", description
-        self.checked = False
-
-    def __call__(self, features: list) -> Any:
-        if isinstance(features[0], Mapping):
-            if not self.checked:
-                self.checked = True
-                check_columns(list(features[0]), self.keep, self.model_name, self.description, self.logger)
-            features = [{k: v for k, v in f.items() if k in self.keep} for f in features]
-        return self.data_collator(features)
-
-
-def check_columns(columns: list[str], accepted: set[str], model_name: str, description: str | None,
-                  log: logging.Logger | None = None) -> list[str]:
-    """The columns to drop; logs them, and refuses a dataset with no accepted column.
-
-    Returns:
-        the names in ``columns`` that are not in ``accepted``.
-    """
-    dropped = [c for c in columns if c not in accepted]
-    where = f" of the {description} dataset" if description else ""
-    if dropped and len(dropped) == len(columns):
-        raise ValueError(
-            f"no column{where} is an argument of {model_name}.forward: the dataset has {sorted(columns)}, the model "
-            f"accepts {sorted(accepted)}; rename the columns to the model's argument names, or set "
-            "remove_unused_columns=False to pass them as they are"
-        )
-    if dropped:
-        (log or logger).info("columns%s not accepted by %s.forward, removed: %s", where, model_name, ", ".join(dropped))
-    return dropped
-
-
 def _refuse_text_inputs(sample: Mapping, accepted: set[str], collator: Callable, description: str | None) -> None:
     """A model argument holding text would be left out by cadence's collators (which skip strings, as
     HF's do) and the model would then miss it: say so before the first step."""
@@ -764,8 +717,6 @@ class ShardSampler(Sampler[int]):
 def _distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     """The process group's world size and rank for the ones not given (it must then be started)."""
     if num_replicas is None or rank is None:
-        from .backend import process_group_size_and_rank
-
         group = process_group_size_and_rank()
         if group is None:
             raise ValueError("num_replicas and rank are needed when no process group is initialised; pass both")

@@ -27,15 +27,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint
+from .checkpoint import formats
 from .trainer_callback import TrainerCallback
 from .trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 
 logger = logging.getLogger(__name__)
 
 # what a checkpoint holds only to resume training: never copied into output_dir for the Hub
-_RESUME_ONLY = {checkpoint.OPTIMIZER_NAME, checkpoint.SCHEDULER_NAME, checkpoint.SCALER_NAME, checkpoint.TRAINER_STATE_NAME,
-                checkpoint.LOOP_STATE_NAME, checkpoint.STREAM_STATE_NAME}
+_RESUME_ONLY = {formats.OPTIMIZER_NAME, formats.SCHEDULER_NAME, formats.SCALER_NAME, formats.TRAINER_STATE_NAME,
+                formats.LOOP_STATE_NAME, formats.STREAM_STATE_NAME}
 _RNG_FILE = re.compile(r"^rng_state(_\d+)?\.pth$")
 # never pushed from output_dir: private files, checkpoints being written, and (except all_checkpoints) checkpoints
 _ALWAYS_IGNORED = ["_*", f"tmp-{PREFIX_CHECKPOINT_DIR}-*", f"old-{PREFIX_CHECKPOINT_DIR}-*"]

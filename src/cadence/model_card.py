@@ -151,7 +151,7 @@ def _hub_dataset_name(dataset: Any) -> str | None:
 def _framework_versions() -> str:
     import torch
 
-    from . import __version__
+    from .version import __version__
 
     lines = [f"- cadence {__version__}", f"- Pytorch {torch.__version__}"]
     for package, title in (("transformers", "Transformers"), ("datasets", "Datasets"), ("tokenizers", "Tokenizers")):

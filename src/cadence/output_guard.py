@@ -42,6 +42,7 @@ import threading
 import time
 from pathlib import Path
 
+from .checkpoint.formats import LOOP_STATE_NAME  # holds the job identity
 from .trainer_utils import CHECKPOINT_DIR_RE, sorted_checkpoints
 
 try:
@@ -52,7 +53,6 @@ except ImportError:  # Windows: the exclusive-create fallback
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "cadence.lock"
-LOOP_STATE_NAME = "loop_state.json"  # checkpoint.LOOP_STATE_NAME (checkpoint imports this module): holds the job
 EARLIER_RUN_FILES = ("trainer_state.json", "log_history.jsonl")  # what `cadence plot` would draw of an earlier run
 
 _registry_lock = threading.Lock()

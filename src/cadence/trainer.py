@@ -3,7 +3,7 @@
 The class reads top to bottom in the order of the flow: construction, data, optimizer; ``train`` ->
 ``_inner_training_loop`` (epoch -> optimizer step -> micro-batch) and its helpers in the order it calls
 them -> ``training_step`` -> ``compute_loss``; then ``evaluate`` / ``predict`` -> ``evaluation_loop`` ->
-``prediction_step``; saving and loading (``checkpoint.save``/``load``), the Hub, hyperparameter search,
+``prediction_step``; saving and loading (``checkpoint.save_load``), the Hub, hyperparameter search,
 logging; last, transformers' remaining public helpers. Callbacks decide when to log, evaluate and save
 (``DefaultFlowCallback``); the Trainer acts on their requests. Every per-run value lives in one
 ``LoopState`` (``loop_state.py``), which is also what a checkpoint's ``loop_state.json`` holds.
@@ -29,10 +29,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import activation_checkpointing, checkpoint, data, evaluation, loss as loss_utils, neftune, optimization, overflow
-from . import background_save, checks, output_guard, peft_support
+from . import activation_checkpointing, data, evaluation, loss as loss_utils, neftune, optimization, overflow
+from . import checks, output_guard, peft_support
 from .backend import AcceleratorView, Backend
-from .integrations import registry as integrations
+from .checkpoint import background, formats, manifest, save_load, signals, writer
+from .checkpoint.resume import ResumePoint, find_resume_folder, restore_callback_states
+from .integrations import base as trackers, registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
 from .memory_metrics import TrainerMemoryTracker
 from .trainer_callback import (
@@ -159,7 +161,7 @@ class Trainer:
         self._loop: LoopState | None = None  # the latest train() call's loop state (log() reads its token count)
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
         self._eval_dataloaders: dict = {}  # (dataset id, batch size) -> (dataset, loader), with persistent workers
-        self._checkpoint_writer = background_save.BackgroundWriter()  # async_save: its snapshot buffers, its save in flight
+        self._checkpoint_writer = background.BackgroundWriter()  # async_save: its snapshot buffers, its save in flight
         # a background save whose on_save has not fired (every process): its folder and the state as it was saved
         self._unannounced_save: tuple[Path, TrainerState] | None = None
 
@@ -168,10 +170,10 @@ class Trainer:
                                                 processing_class, self.optimizer, self.lr_scheduler)
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         if args.enable_jit_checkpoint:  # last (transformers: before the user's): a signal sent in any callback's
-            jit_callback = checkpoint.JITCheckpointCallback()  # on_step_end is served at this step's end
+            jit_callback = signals.JITCheckpointCallback()  # on_step_end is served at this step's end
             jit_callback.set_trainer(self)
             self.add_callback(jit_callback)
-        integrations.check_args(args, self.callback_handler.callbacks)  # an unwritable logging_dir: refused now
+        trackers.check_args(args, self.callback_handler.callbacks)  # an unwritable logging_dir: refused now
         self.state = TrainerState(
             is_local_process_zero=args.local_process_index == 0, is_world_process_zero=args.process_index == 0
         )
@@ -506,11 +508,11 @@ class Trainer:
         every process gets its answer), or None when it wrote none yet. Logged."""
         args, folder, job = self.args, None, output_guard.job_identity()
         if args.process_index == 0 and job is not None and os.path.isdir(args.output_dir):
-            checkpoint.remove_incomplete(args.output_dir)  # a save the restart interrupted: never chosen
+            writer.remove_incomplete(args.output_dir)  # a save the restart interrupted: never chosen
             for path in output_guard.job_checkpoints(args.output_dir, job):
                 try:
-                    checkpoint.verify_checkpoint(path)
-                except checkpoint.CorruptCheckpointError as e:
+                    manifest.verify_checkpoint(path)
+                except formats.CorruptCheckpointError as e:
                     logger.warning("%s; trying this job's older checkpoint", e)
                     continue
                 folder = str(path)
@@ -529,7 +531,7 @@ class Trainer:
         if resume_from_checkpoint in (None, False):
             resume_from_checkpoint = None
         else:  # killed saves are cleaned up, never chosen
-            resume_from_checkpoint = checkpoint.find_resume_folder(resume_from_checkpoint, self.args, self.backend.barrier)
+            resume_from_checkpoint = find_resume_folder(resume_from_checkpoint, self.args, self.backend.barrier)
         self._trial = trial  # a hyperparameter-search trial (HF's attribute): each evaluation reports to it
         if self.model_init is not None:
             set_seed(self.args.seed)
@@ -548,7 +550,7 @@ class Trainer:
                 return self._inner_training_loop(args=self.args, resume_from_checkpoint=resume_from_checkpoint,
                                                  trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
         except BaseException:
-            integrations.end_runs_on_error(self.callback_handler.callbacks)  # tracker runs end marked failed
+            trackers.end_runs_on_error(self.callback_handler.callbacks)  # tracker runs end marked failed
             raise
         finally:  # removed even on an error: the saved and later-evaluated model is clean
             self.is_in_train = False
@@ -623,7 +625,7 @@ class Trainer:
                          {**data_identity(self.train_dataset), **({"job": job} if job else {})})
         resume = None
         if resume_from_checkpoint is not None:
-            resume = checkpoint.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
+            resume = save_load.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
             self._load_callback_state()
         for handler_attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, handler_attr, getattr(self, handler_attr))
@@ -688,7 +690,7 @@ class Trainer:
         logger.info(f"  Total optimization steps = {max_steps:,}")
         logger.info(f"  Number of trainable parameters = {self.get_num_trainable_parameters():,}")
 
-    def _begin_epoch(self, train_dataloader: DataLoader, epoch: int, resume: checkpoint.ResumePoint | None, loop: LoopState):
+    def _begin_epoch(self, train_dataloader: DataLoader, epoch: int, resume: ResumePoint | None, loop: LoopState):
         """Order the epoch's data (after a resume: without the batches already trained), fire
         ``on_epoch_begin`` and return the batch iterator; ``loop``'s position is set to the epoch's start."""
         skip = resume.skip_batches if resume is not None else 0  # trained batches: never loaded again
@@ -859,7 +861,7 @@ class Trainer:
         if bad:
             metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
         self._memory_tracker.stop_and_update_metrics("train", metrics)
-        jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, checkpoint.JITCheckpointCallback)), None)
+        jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, signals.JITCheckpointCallback)), None)
         self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
         if self.state.interrupted:
             metrics["interrupted"] = True
@@ -1188,7 +1190,7 @@ class Trainer:
     # ------------------------------------------------------------------ saving and loading
 
     def _save_checkpoint(self, model: nn.Module, trial: Any = None, loop_state: LoopState | None = None) -> Path:
-        """Write ``checkpoint-{global_step}`` atomically, then rotate (``checkpoint.save``; every process calls it).
+        """Write ``checkpoint-{global_step}`` atomically, then rotate (``save_load.save``; every process calls it).
 
         Args:
             model: the model being trained (its unwrapped module is what is saved).
@@ -1203,11 +1205,11 @@ class Trainer:
             best = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
             if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
                 self.state.best_model_checkpoint = str(best)
-        background = args.async_save and self.backend.saves_in_background
-        writer = self._checkpoint_writer if background else None
-        folder = checkpoint.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args, writer)
+        in_background = args.async_save and self.backend.saves_in_background
+        saver = self._checkpoint_writer if in_background else None
+        folder = save_load.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args, saver)
         # on_save, when it fires later, sees the state of this step (callbacks find checkpoint-{global_step} by it)
-        self._unannounced_save = (folder, _state_at_save(self.state)) if background else None
+        self._unannounced_save = (folder, _state_at_save(self.state)) if in_background else None
         return folder
 
     def _collect_save(self, wait: bool, reason: str = "") -> bool:
@@ -1224,14 +1226,14 @@ class Trainer:
         """
         if self._unannounced_save is None:
             return False
-        (folder, saved_state), writer = self._unannounced_save, self._checkpoint_writer
+        (folder, saved_state), saver = self._unannounced_save, self._checkpoint_writer
         error = None
         if wait:
             try:
-                writer.wait(reason)
-            except background_save.CheckpointWriteError as e:
+                saver.wait(reason)
+            except background.CheckpointWriteError as e:
                 error = e
-        busy, failed = not writer.done(), error is not None or writer.failed()
+        busy, failed = not saver.done(), error is not None or saver.failed()
         if self.args.world_size > 1:  # only the main process writes: its answer is everyone's
             flags = self.backend.reduce_sum(torch.tensor([float(busy), float(failed)], device=self.backend.device))
             busy, failed = (bool(v > 0) for v in flags.tolist())
@@ -1239,14 +1241,14 @@ class Trainer:
             return False
         self._unannounced_save = None
         try:
-            writer.wait(reason)  # finished: returns at once, or raises its error
-        except background_save.CheckpointWriteError as e:
+            saver.wait(reason)  # finished: returns at once, or raises its error
+        except background.CheckpointWriteError as e:
             error = error or e
         if error is not None:
             raise error
         if failed:
-            raise background_save.CheckpointWriteError(folder, detail="the main process's background write failed "
-                                                       "(its log names the cause)")
+            raise background.CheckpointWriteError(folder, detail="the main process's background write failed "
+                                                  "(its log names the cause)")
         should_save = self.control.should_save  # a save requested at this step stays requested
         self.control = self.callback_handler.on_save(self.args, saved_state, self.control)
         self.control.should_save = self.control.should_save or should_save
@@ -1258,11 +1260,11 @@ class Trainer:
         self._unannounced_save = None
         try:
             self._checkpoint_writer.wait(reason="train() stops on an error")
-        except background_save.CheckpointWriteError as e:
+        except background.CheckpointWriteError as e:
             logger.error("%s", e, exc_info=e.__cause__)
 
     def _checkpoint_objects(self, model: nn.Module, loop: LoopState | None) -> dict[str, Any]:
-        """What a checkpoint holds, by name (``checkpoint.save`` / ``checkpoint.load``); the weights are ``model``'s."""
+        """What a checkpoint holds, by name (``save_load.save`` / ``save_load.load``); the weights are ``model``'s."""
         return {"model": model, "processing_class": self.processing_class, "optimizer": self.optimizer,
                 "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
                 "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
@@ -1274,7 +1276,7 @@ class Trainer:
         checkpoint's callbacks this run does not have."""
         if not self.args.restore_callback_states_from_checkpoint:
             return
-        self.control, missing = checkpoint.restore_callback_states(self.callback_handler, self.control,
+        self.control, missing = restore_callback_states(self.callback_handler, self.control,
                                                                    self.state.stateful_callbacks)
         if missing:  # formatted here: code that patches logger.warning reads the names in the message
             logger.warning(f"the checkpoint holds the state of callbacks this run does not use, ignored: {', '.join(missing)}"
@@ -1294,7 +1296,7 @@ class Trainer:
         weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
         if self.args.should_save:
             logger.info(f"Saving model checkpoint to {output_dir}")
-            checkpoint.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, weights, self.args)
+            save_load.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, weights, self.args)
         self.backend.barrier()
         if self.args.push_to_hub and not _internal_call:  # transformers: a save is also a push
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
@@ -1304,7 +1306,7 @@ class Trainer:
         if not self.is_world_process_zero():
             return
         os.makedirs(self.args.output_dir, exist_ok=True)
-        self.state.save_to_json(os.path.join(self.args.output_dir, checkpoint.TRAINER_STATE_NAME))
+        self.state.save_to_json(os.path.join(self.args.output_dir, formats.TRAINER_STATE_NAME))
 
     def create_model_card(self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,
                           model_name: str | None = None, finetuned_from: str | None = None, tasks: str | list[str] | None = None,

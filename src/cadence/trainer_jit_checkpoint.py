@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .checkpoint import CheckpointManager, JITCheckpointCallback
+from .checkpoint.signals import CheckpointManager, JITCheckpointCallback
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,9 @@ import logging
 import os
 import random
 import re
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -226,11 +227,33 @@ def sort_checkpoints(output_dir: str | os.PathLike, checkpoint_prefix: str = PRE
     return ordered
 
 
+DELETING_PREFIX = "deleting-"  # a rotated-away checkpoint between its rename and the end of its deletion
+
+
+def delete_oldest(ordered: list[Path], limit: int, keep: set) -> list[Path]:
+    """Delete from the front of ``ordered`` (oldest first) until ``limit`` are left, never one in ``keep``;
+    the kept ones count toward the limit (with ``limit=1`` and a best that is not the newest, both stay).
+
+    Returns the deleted folders.
+    """
+    keep = {Path(k).resolve() for k in keep if k is not None}
+    budget = max(limit, len(keep))
+    deletable = [c for c in ordered if Path(c).resolve() not in keep]
+    deleted = deletable[: max(len(ordered) - budget, 0)]
+    for path in deleted:
+        logger.info("deleting older checkpoint %s (save_total_limit=%d)", path, limit)
+        # renamed first (atomic), then deleted: a kill mid-delete leaves a deleting-checkpoint-N, never a partial checkpoint-N
+        doomed = Path(path).with_name(DELETING_PREFIX + Path(path).name)
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    return deleted
+
+
 def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | None = None,
                        best_model_checkpoint: str | None = None, use_mtime: bool = False,
                        checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR) -> None:
     """Delete the oldest checkpoints beyond ``save_total_limit``, never the newest nor the best (transformers'
-    helper; the Trainer's own rotation is ``checkpoint.rotate_checkpoints``, which also spares the one just written).
+    helper; the Trainer's own rotation is ``checkpoint.writer.rotate_checkpoints``, which also spares the one just written).
 
     Args:
         output_dir: the folder holding the checkpoints.
@@ -240,8 +263,6 @@ def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | No
     """
     if save_total_limit is None or save_total_limit <= 0:
         return
-    from .checkpoint import delete_oldest  # the Trainer's own rule and deletion (read here: no import cycle)
-
     ordered = sort_checkpoints(output_dir, checkpoint_prefix, use_mtime)
     delete_oldest([Path(p) for p in ordered], save_total_limit, {ordered[-1] if ordered else None, best_model_checkpoint})
 
@@ -378,7 +399,7 @@ def estimate_mfu(total_flos: float, seconds: float, device: Any, world_size: int
     Returns:
         A fraction (0.4 means 40 % of peak), or None on a CPU, an unknown GPU, or no time.
     """
-    from .backend import peak_flops  # backend imports this module (through checkpoint)
+    from .backend import peak_flops  # on use: this module imports nothing of cadence at its top (cheap to import)
 
     peak = peak_flops(device) if seconds > 0 else None
     if peak is None:
@@ -483,7 +504,7 @@ def find_executable_batch_size(
                     raise
                 smaller = int(batch_size * 0.9)  # accelerate's rule, which transformers uses: 10% at a time
                 logger.info("Out of memory at batch size %d; retrying with %d", batch_size, smaller)
-                from .backend import free_memory  # backend imports this module (through checkpoint)
+                from .backend import free_memory  # on use, as peak_flops above
 
                 free_memory()  # the failed attempt's tensors and the device's cache, before retrying
                 batch_size = smaller
@@ -495,16 +516,65 @@ def find_executable_batch_size(
 
 
 def __getattr__(name: str) -> Any:
-    # these live in data.py and memory_metrics.py; read on first use so this module stays free of cadence imports
-    if name == "RemoveColumnsCollator":
-        from .data import RemoveColumnsCollator
-
-        return RemoveColumnsCollator
-    if name == "TrainerMemoryTracker":  # memory_metrics.py (skip_memory_metrics=False)
+    # memory_metrics.py (skip_memory_metrics=False) imports backend and so accelerate: read on first use, so importing
+    # this module stays cheap
+    if name == "TrainerMemoryTracker":
         from .memory_metrics import TrainerMemoryTracker
 
         return TrainerMemoryTracker
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Dropping the columns a model does not take (data.py applies it)
+# --------------------------------------------------------------------------------------------
+class RemoveColumnsCollator:
+    """Drop the keys the model's ``forward`` does not accept, then collate (dict datasets and streams).
+
+    The first batch is checked: the dropped keys are logged once, and a batch with no accepted key
+    left is an error naming the sample's keys and the accepted ones.
+
+    Args:
+        data_collator: the collator that gets the reduced samples.
+        signature_columns: the keys to keep (the model's arguments and the label columns).
+        logger: where the dropped keys are logged (default: this module's).
+        model_name, description: for the messages (e.g. ``"GPT2LMHeadModel"``, ``"training"``).
+    """
+
+    def __init__(self, data_collator: Callable, signature_columns, logger: logging.Logger | None = None,
+                 model_name: str | None = None, description: str | None = None):
+        self.data_collator, self.keep = data_collator, set(signature_columns)
+        self.logger, self.model_name, self.description = logger or globals()["logger"], model_name or "the model", description
+        self.checked = False
+
+    def __call__(self, features: list) -> Any:
+        if isinstance(features[0], Mapping):
+            if not self.checked:
+                self.checked = True
+                check_columns(list(features[0]), self.keep, self.model_name, self.description, self.logger)
+            features = [{k: v for k, v in f.items() if k in self.keep} for f in features]
+        return self.data_collator(features)
+
+
+def check_columns(columns: list[str], accepted: set[str], model_name: str, description: str | None,
+                  log: logging.Logger | None = None) -> list[str]:
+    """The columns to drop; logs them, and refuses a dataset with no accepted column.
+
+    Returns:
+        the names in ``columns`` that are not in ``accepted``.
+    """
+    dropped = [c for c in columns if c not in accepted]
+    where = f" of the {description} dataset" if description else ""
+    if dropped and len(dropped) == len(columns):
+        raise ValueError(
+            f"no column{where} is an argument of {model_name}.forward: the dataset has {sorted(columns)}, the model "
+            f"accepts {sorted(accepted)}; rename the columns to the model's argument names, or set "
+            "remove_unused_columns=False to pass them as they are"
+        )
+    if dropped:
+        (log or logger).info("columns%s not accepted by %s.forward, removed: %s", where, model_name, ", ".join(dropped))
+    return dropped
+
 
 
 # --------------------------------------------------------------------------------------------

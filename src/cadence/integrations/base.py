@@ -37,6 +37,7 @@ import time
 from typing import Any
 
 from ..trainer_callback import ExportableState, TrainerCallback
+from .registry import INTEGRATIONS
 
 logger = logging.getLogger(__name__)
 
@@ -235,8 +236,6 @@ class TrackerCallback(TrainerCallback, ExportableState):
 
     @property
     def report_to_name(self) -> str:
-        from .registry import INTEGRATIONS
-
         return next((n for n, i in INTEGRATIONS.items() if i.callback == type(self).__name__), type(self).__name__)
 
     def _ensure_started(self, args: Any, state: Any, model: Any) -> None:
@@ -307,3 +306,19 @@ class TrackerCallback(TrainerCallback, ExportableState):
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             self.close(failed=False)
+
+
+def check_args(args, callbacks: list) -> None:
+    """Each tracker's check of ``args`` (e.g. an unwritable ``logging_dir``), on the main process (the one that
+    writes); called when the ``Trainer`` is built. Raises ValueError."""
+    if args.process_index == 0:
+        for cb in callbacks:
+            if isinstance(cb, TrackerCallback):
+                cb.check_args(args)
+
+
+def end_runs_on_error(callbacks: list) -> None:
+    """Training raised: each tracker closes its run, marked failed where the tracker has that notion."""
+    for cb in callbacks:
+        if isinstance(cb, TrackerCallback):
+            cb.close(failed=True)

@@ -117,23 +117,3 @@ def get_reporting_integration_callbacks(report_to: list[str]) -> list[type]:
         module = importlib.import_module(f"{__package__}.{spec.module}")
         classes.append(getattr(module, spec.callback))
     return classes
-
-
-def check_args(args, callbacks: list) -> None:
-    """Each tracker's check of ``args`` (e.g. an unwritable ``logging_dir``), on the main process (the one that
-    writes); called when the ``Trainer`` is built. Raises ValueError."""
-    from .base import TrackerCallback
-
-    if args.process_index == 0:
-        for cb in callbacks:
-            if isinstance(cb, TrackerCallback):
-                cb.check_args(args)
-
-
-def end_runs_on_error(callbacks: list) -> None:
-    """Training raised: each tracker closes its run, marked failed where the tracker has that notion."""
-    from .base import TrackerCallback
-
-    for cb in callbacks:
-        if isinstance(cb, TrackerCallback):
-            cb.close(failed=True)

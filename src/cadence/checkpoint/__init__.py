@@ -1,0 +1,18 @@
+"""Checkpoints in Hugging Face's layout: written atomically, read safely, resumed exactly.
+
+A package in layers; each module imports only the ones below it (``tests/test_import_layers.py`` checks that no
+import cycle exists anywhere in cadence):
+
+- ``formats``: the file names, writing and reading the weights (safetensors, sharded, ``pytorch_model.bin``), and
+  reading every other file without running code (``torch.load(weights_only=True)``). ``backend.py`` uses this
+  layer and nothing above it.
+- ``sharded``: FSDP's sharded state (DCP folders), read through a restricted unpickler.
+- ``rng``: the RNG states of a process, captured and restored.
+- ``manifest``: the checksum manifest written into every checkpoint, and checking a folder before it is read.
+- ``writer``: staging folders, fsync, the atomic rename, removing what killed saves left, rotation.
+- ``resume``: which checkpoint to resume and where the data continues (``ResumePoint``).
+- ``save_load``: the one ``save``/``load`` pair the Trainer calls, over a dict of named stateful objects.
+- ``signals``: SIGTERM/SIGUSR1 (just-in-time) checkpoints.
+
+This ``__init__`` imports nothing, so importing the bottom layer does not pull in the rest.
+"""

@@ -1,0 +1,315 @@
+"""Which checkpoint a run resumes, and where its data, RNGs and loop continue.
+
+Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
+
+- Checkpoints are written only at optimizer-step ends and epoch ends, never inside an accumulation
+  window; a run killed mid-window resumes from the step before it.
+- The data position is ``(epoch, batches into it)``; the sampler starts after the trained batches,
+  so none is read again. The RNGs are restored where the saving run was: before the epoch's events
+  for a save between epochs, after the epoch's iterator exists for a save inside it. Randomness
+  drawn inside dataloader *workers* is not replayed by a mid-epoch resume (the workers restart);
+  the main process's draws (dropout, collators, ``num_workers=0`` datasets) are.
+- A cadence checkpoint also restores the loss summed since the last log, so the resumed run logs
+  and reports ``train_loss`` exactly as an unbroken run. A transformers checkpoint lacks it, so, as
+  transformers does, the first log averages the steps since the resume and ``train_loss`` this
+  call's steps. Logging/eval/save intervals come from this run's arguments.
+- A checkpoint written by another number of processes, per-device batch size or accumulation is
+  resumed as transformers allows: the position is recomputed from the samples the saving run had
+  trained in its epoch (its batches x its per-device batch x its processes), rounded down to a whole
+  batch of this run, with a warning that the run is no longer bit-identical to an unbroken one. Only
+  another dataset (its length, or a ``datasets`` fingerprint, differs from the saved one) is refused,
+  unless ``ignore_data_skip=True`` restarts the checkpoint's epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .. import data
+from ..loop_state import BatchLayout
+from ..trainer_utils import has_length, sorted_checkpoints
+from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
+                      TRAINER_STATE_NAME, CorruptCheckpointError, safe_load)
+from .manifest import verify_checkpoint
+from .rng import checkpoint_world_size, restore_rng_state, rng_state_name
+from .writer import remove_incomplete
+
+logger = logging.getLogger(__name__)
+
+def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike) -> Path:
+    """``True`` -> the newest complete ``checkpoint-N`` of ``output_dir`` whose files are intact; a path ->
+    that folder, checked.
+
+    A damaged newest checkpoint (a truncated or changed file, see :func:`verify_checkpoint`) is
+    skipped with a warning naming the file, and the next older one is tried.
+
+    Raises:
+        ValueError: no complete checkpoint exists, or the path is not a checkpoint folder.
+        CorruptCheckpointError: the given folder, or every checkpoint of ``output_dir``, is damaged.
+    """
+    if resume_from_checkpoint is True:
+        found = sorted_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+        if not found:
+            raise ValueError(
+                f"resume_from_checkpoint=True, but output_dir={str(output_dir)!r} has no complete checkpoint-N "
+                f"folder (one with {TRAINER_STATE_NAME}): train without resume_from_checkpoint, or pass a checkpoint path"
+            )
+        errors = []
+        for folder in reversed(found):
+            try:
+                verify_checkpoint(folder)
+                return folder
+            except CorruptCheckpointError as e:
+                logger.warning("%s; resuming from an older checkpoint instead", e)
+                errors.append(str(e))
+        raise CorruptCheckpointError(
+            f"resume_from_checkpoint=True, but every checkpoint in output_dir={str(output_dir)!r} is damaged: "
+            + "; ".join(errors) + ". Start a new run (overwrite_output_dir=True deletes them)"
+        )
+    path = Path(resume_from_checkpoint)
+    if not path.is_dir():
+        raise ValueError(
+            f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a folder: pass a checkpoint-N folder, "
+            "or True for the newest checkpoint in output_dir"
+        )
+    if not (path / TRAINER_STATE_NAME).is_file():
+        raise ValueError(
+            f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a complete checkpoint: it has no "
+            f"{TRAINER_STATE_NAME} (written last, so either its save was interrupted or it is not a checkpoint "
+            "folder); pass a checkpoint-N folder, or True for the newest complete one"
+        )
+    try:
+        verify_checkpoint(path)
+    except CorruptCheckpointError as e:
+        raise CorruptCheckpointError(
+            f"resume_from_checkpoint={str(resume_from_checkpoint)!r}: {e}; pass an older checkpoint-N folder, or "
+            "True for the newest intact one"
+        ) from e
+    return path
+
+
+# ---------------------------------------------------------------- where to resume
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed run continues, and what it restores when it gets there.
+
+    Attributes:
+        folder: the checkpoint.
+        epoch: the epoch the run continues in.
+        skip_batches: batches of that epoch already trained; the sampler starts after them.
+        rng: the RNG states to set once that epoch's data iterator exists (``skip_batches > 0``:
+            the saving run had already created it) or just before it is created (``== 0``).
+        loop: cadence's ``loop_state.json`` (loss summed since the last log, ...), None for
+            checkpoints written by transformers.
+        stream_state: an iterable dataset's saved ``state_dict()``; when set, the stream continues
+            from it and ``skip_batches`` is 0.
+    """
+
+    folder: Path
+    epoch: int
+    skip_batches: int
+    rng: dict | None
+    loop: dict | None
+    stream_state: dict | None = None
+
+    def start_epoch(self, dataloader: Any, begin_epoch: Callable[[], None]) -> Iterator:
+        """The resumed epoch's batch iterator (its sampler already set past the trained batches), with
+        ``begin_epoch()`` (the epoch's events) called in between, and the RNGs set where the saving run was.
+
+        A save between epochs had not yet fired the epoch's events nor drawn its iterator's seeds: the RNGs
+        are restored before both. A save inside the epoch came after them: restored once the iterator exists.
+        A stream continues from its saved state, or, without ``state_dict()``, reads its trained batches again.
+        """
+        if self.stream_state is not None:
+            data.stateful_stream(dataloader).load_state_dict(self.stream_state)
+        if not self.skip_batches:
+            restore_rng_state(self.rng)
+        begin_epoch()
+        batches = iter(dataloader)
+        if self.skip_batches:
+            if not has_length(dataloader):
+                data.skip_stream(batches, self.skip_batches)
+            restore_rng_state(self.rng)
+        return batches
+
+
+def _epoch_batches(num_samples: int, batch: int, world: int, drop_last: bool) -> int:
+    """Batches of one process in an epoch (the sampler pads the epoch to equal shares)."""
+    share = -(-num_samples // world)
+    return share // batch if drop_last else -(-share // batch)
+
+
+def _check_same_data(folder: Path, loop: dict, identity: dict, expected_batches: int | None) -> None:
+    """Refuse a checkpoint written on other data: its saved length/fingerprint (or, for checkpoints that
+    predate them, its batches per epoch: ``expected_batches`` for this data in its layout) must match."""
+    saved_n, saved_fp = loop.get("num_samples"), loop.get("fingerprint")
+    n, fp = identity.get("num_samples"), identity.get("fingerprint")
+    if saved_n is None and loop.get("batches_per_epoch") not in (None, expected_batches):
+        saved_n = f"data giving {loop['batches_per_epoch']} batches per epoch"
+    other_fp = bool(saved_fp and fp and saved_fp != fp)
+    if other_fp and saved_n == n and loop.get("sample") and loop.get("sample") == identity.get("sample"):
+        # datasets gives a .map() whose function it cannot hash a random fingerprint: the length and rows decide
+        logger.warning("checkpoint %s was written with train_dataset fingerprint %s, this run's is %s, but the "
+                       "length (%s) and a sample of the rows agree: resuming (datasets gives a .map() whose function "
+                       "it cannot hash a random fingerprint)", folder, saved_fp, fp, n)
+        other_fp = False
+    changed = (saved_n is not None and n is not None and saved_n != n) or other_fp
+    if changed:
+        what = f"{saved_n} samples" if isinstance(saved_n, int) else (saved_n or "the same length")
+        raise ValueError(
+            f"checkpoint {folder} was trained on another train_dataset ({what}, fingerprint {saved_fp}) than this "
+            f"run's ({n} samples, fingerprint {fp}): its data position means nothing here; resume with the same "
+            "train_dataset, or set ignore_data_skip=True to restart the checkpoint's epoch from its first batch"
+        )
+
+
+def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any, layout: BatchLayout,
+                 saved_args: dict | None = None, saved_batch_size: int | None = None,
+                 identity: dict | None = None) -> ResumePoint:
+    """Read the position, RNG and loop state of ``folder`` for this process, checking they fit this run.
+
+    Args:
+        folder: the checkpoint folder.
+        global_step: ``trainer_state.json``'s step.
+        batches_per_epoch: micro-batches in one epoch of this run (None for an iterable dataset).
+        args: this run's ``TrainingArguments``.
+        layout: this run's batch layout.
+        saved_args: the checkpoint's arguments (:func:`load_training_args`), when readable.
+        saved_batch_size: ``trainer_state.json``'s ``train_batch_size`` (all a transformers checkpoint says).
+        identity: this run's data identity (``loop_state.data_identity``).
+
+    A checkpoint written with another per-device batch, accumulation or number of processes
+    continues after the samples that run trained (logged as a warning: not bit-identical).
+
+    Raises:
+        ValueError: the checkpoint was trained on another dataset.
+    """
+    loop = json.loads((folder / LOOP_STATE_NAME).read_text()) if (folder / LOOP_STATE_NAME).exists() else None
+    saved_args, identity = saved_args or {}, identity or {}
+    # the saving run's layout: loop_state.json, else its args and files
+    saved = BatchLayout(
+        (loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size") or saved_batch_size
+        or layout.train_batch_size,
+        (loop or {}).get("gradient_accumulation_steps") or saved_args.get("gradient_accumulation_steps")
+        or layout.gradient_accumulation_steps,
+        (loop or {}).get("world_size") or checkpoint_world_size(folder) or layout.world_size)
+    world = layout.world_size
+    same_layout = saved == layout
+    saved_epoch_batches = batches_per_epoch  # this data's batches per epoch in the saving run's layout
+    if not same_layout and batches_per_epoch is not None and identity.get("num_samples") is not None:
+        saved_epoch_batches = _epoch_batches(identity["num_samples"], saved.train_batch_size, saved.world_size,
+                                             args.dataloader_drop_last)
+    if loop is not None and not args.ignore_data_skip:
+        _check_same_data(folder, loop, identity, saved_epoch_batches)
+        epoch, skip = loop["epoch"], loop["batches_in_epoch"]
+    elif batches_per_epoch is None:  # a stream: its trained batches cannot be skipped, only read again
+        epoch, skip = 0, 0 if args.ignore_data_skip else global_step * saved.gradient_accumulation_steps
+    else:  # transformers' rule: whole optimizer steps of ga batches into the epoch (of the saving run's layout)
+        steps_per_epoch = saved.steps_per_epoch(saved_epoch_batches)
+        epoch = global_step // steps_per_epoch
+        skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * saved.gradient_accumulation_steps
+    if not same_layout:
+        skip = _rescale_position(folder, skip, saved, layout, args, epoch, saved_epoch_batches, batches_per_epoch)
+    stream_state = None
+    if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
+        stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
+    rng_file = folder / rng_state_name(args.process_index, args.world_size)
+    same_world = saved.world_size == world  # another count: another process's RNG is not ours
+    rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() and same_world else None
+    if rng is None and not same_world:
+        logger.warning("checkpoint %s was written by %d process(es), this run has %d: the RNG states "
+                       "(dropout) are not restored", folder, saved.world_size, world)
+    elif rng is None:
+        logger.warning("checkpoint %s has no %s: the RNGs are not restored, so the resumed run is not exact", folder, rng_file.name)
+    return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop, stream_state=stream_state)
+
+
+def _rescale_position(folder: Path, skip: int, saved: BatchLayout, layout: BatchLayout, args: Any, epoch: int,
+                      saved_epoch_batches: int | None, batches_per_epoch: int | None) -> int:
+    """The saving run's ``skip`` batches of the epoch as batches of this run: the samples they held
+    (the sampler deals the epoch's order out to processes in turn, so ``skip x batch x processes``
+    samples lead it), divided by this run's batch x processes and rounded down. Warns."""
+    batch, world = layout.train_batch_size, layout.world_size
+    seen = skip * saved.train_batch_size * saved.world_size  # samples of the epoch's order already trained, all processes together
+    if batches_per_epoch is not None and saved_epoch_batches is not None and skip >= saved_epoch_batches:
+        new_skip, again = batches_per_epoch, 0  # the saving run had trained its whole epoch
+    else:
+        new_skip = seen // (batch * world)
+        again = seen - new_skip * batch * world
+        if batches_per_epoch is not None:
+            new_skip = min(new_skip, batches_per_epoch)
+    logger.warning(
+        "checkpoint %s was written with per-device batch %d x accumulation %d x %d process(es) and this run has "
+        "%d x %d x %d: the data position is recomputed from the %d samples of epoch %d already trained (%d batches "
+        "of this run%s%s). The run continues where that one stopped but is no longer bit-identical to an unbroken one; "
+        "global_step goes on counting this run's optimizer steps (as in transformers), so set max_steps to choose how many "
+        "more to train",
+        folder, *dataclasses.astuple(saved), *dataclasses.astuple(layout), seen, epoch, new_skip,
+        f"; the last {again} samples are trained again, as they do not fill a batch here" if again else "",
+        "; group_by_length orders the epoch by the global batch, so its order differs too"
+        if getattr(args, "train_sampling_strategy", None) == "group_by_length" else "",
+    )
+    return new_skip
+
+
+def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any,
+                                 load_optimizer: Callable[[Path], None] | None = None) -> None:
+    """Load ``optimizer.pt`` and ``scheduler.pt`` (``weights_only``) into the run's objects.
+
+    ``load_optimizer(folder)`` (the backend's, e.g. for FSDP shards in ``optimizer_0/``) replaces the plain load.
+    """
+    missing = [name for name in (OPTIMIZER_NAME, SCHEDULER_NAME) if not (folder / name).exists()]
+    if OPTIMIZER_NAME in missing and ((folder / OPTIMIZER_SHARDS_NAME).is_dir() or (folder / "latest").exists()):
+        missing.remove(OPTIMIZER_NAME)  # FSDP's sharded optimizer state, or DeepSpeed's checkpoint
+    if missing:
+        raise ValueError(
+            f"checkpoint {folder} has no {' / '.join(missing)} (written with save_only_model=True?): it holds weights "
+            "only and cannot resume training; load its weights into the model and start a new run instead"
+        )
+    if load_optimizer is not None:
+        load_optimizer(folder)
+    else:
+        optimizer.load_state_dict(safe_load(folder / OPTIMIZER_NAME))
+    lr_scheduler.load_state_dict(safe_load(folder / SCHEDULER_NAME))
+
+
+def restore_callback_states(handler: Any, control: Any, states: dict) -> tuple[Any, list[str]]:
+    """Rebuild stateful callbacks (and ``TrainerControl``) from ``state.stateful_callbacks``, in place.
+
+    Each callback whose class name has a saved state is replaced, at the same position, by one
+    built from that state (several of a class are matched in order). Returns the control to use and
+    the names of saved callbacks this run does not have (the Trainer warns about those).
+    """
+    callbacks = list(handler.callbacks)
+    unmatched = []
+    for name, saved in states.items():
+        saved = saved if isinstance(saved, list) else [saved]
+        if type(control).__name__ == name:
+            control = type(control).from_state(saved[0])
+            continue
+        positions = [i for i, cb in enumerate(callbacks) if type(cb).__name__ == name]
+        if not positions:
+            unmatched.append(name)
+        for i, state in zip(positions, saved):
+            callbacks[i] = type(callbacks[i]).from_state(state)
+    handler.callbacks = callbacks
+    return control, unmatched
+
+
+def find_resume_folder(resume_from_checkpoint: str | os.PathLike | bool, args: Any, barrier: Callable[[], None]) -> Path:
+    """The checkpoint ``train(resume_from_checkpoint=...)`` continues from (:func:`resolve_checkpoint`), after
+    the main process removed what killed saves left in ``output_dir`` (never chosen); every process calls it."""
+    if args.should_save and os.path.isdir(args.output_dir):
+        remove_incomplete(args.output_dir)
+    barrier()  # so every process sees the same checkpoints
+    return resolve_checkpoint(resume_from_checkpoint, args.output_dir)
+
+
