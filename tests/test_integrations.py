@@ -424,7 +424,9 @@ def test_tensorboard_file_holds_every_log_up_to_each_checkpoint(out_dir):
             seen[state.global_step] = read_scalars(folder)[2]["train/loss"]
 
     make_trainer(out_dir, "tensorboard", callbacks=[ReadAtSave()]).train()
-    assert seen == {SAVE: list(range(1, SAVE + 1)), STEPS: list(range(1, STEPS + 1))}
+    assert sorted(seen) == [SAVE, STEPS] and seen[STEPS] == list(range(1, STEPS + 1))
+    # async_save: on_save fires once checkpoint-SAVE is written, maybe some steps later: the file has those steps too
+    assert seen[SAVE][:SAVE] == list(range(1, SAVE + 1)) and seen[SAVE] == list(range(1, len(seen[SAVE]) + 1))
 
 
 @needs("tensorboard")

@@ -44,6 +44,12 @@ epoch of 4 batches, ``gradient_accumulation_steps=2``, ``logging_steps=1``, no e
     on_step_begin, on_substep_end, on_pre_optimizer_step, on_optimizer_step, on_step_end, on_log,
     on_epoch_end, on_log, on_train_end
 
+With ``async_save=True`` (the default) the list above is that of ``async_save=False``, but for ``on_save``: a
+checkpoint is written in the background, so its ``on_save`` fires once the folder is complete, at the first step
+boundary after that (just after ``on_step_end`` or ``on_epoch_end``, before that step's ``on_log``), or where something
+waits for it (the next save, the end of training: always before ``on_train_end``). Its ``state`` is the one of the
+save step (``state.global_step`` names the checkpoint), and ``control.should_save`` is cleared at the save step.
+
 The handler resets switches as it dispatches: ``on_train_begin`` clears ``should_training_stop``,
 ``on_epoch_begin`` clears ``should_epoch_stop``, ``on_step_begin`` clears log/evaluate/save,
 and ``on_log``/``on_evaluate``/``on_save`` clear their own switch.
