@@ -196,3 +196,44 @@ def test_the_process_exit_waits_for_the_save_in_flight(tmp_path):
     assert "LEFT" in run.stdout
     assert get_last_checkpoint(out).endswith("checkpoint-2")
     verify_checkpoint(os.path.join(out, "checkpoint-2"))
+
+
+def test_snapshot_reuses_its_buffers_and_keeps_ties_and_sharing():
+    from cadence.checkpoint.background import BackgroundWriter
+
+    saver = BackgroundWriter()
+    weight = torch.arange(6.0).reshape(2, 3)
+    betas = (0.9, 0.999)
+    live = {"model": {"a": weight, "tied": weight}, "groups": [{"betas": betas}, {"betas": betas}],
+            "step": torch.tensor(3.0)}
+    first = saver.snapshot(live)
+    assert first["model"]["a"] is first["model"]["tied"] and first["model"]["a"].data_ptr() != weight.data_ptr()
+    assert first["groups"][0]["betas"] is first["groups"][1]["betas"]  # pickled once, as from the live state
+    weight.add_(1)  # training goes on: the snapshot keeps the values of its step
+    assert torch.equal(first["model"]["a"], torch.arange(6.0).reshape(2, 3))
+    second = saver.snapshot(live)
+    assert second["model"]["a"] is first["model"]["a"]  # the same buffer, copied into again: no new allocation
+    assert torch.equal(second["model"]["a"], weight) and second["step"].item() == 3.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: pinned buffers, non-blocking copies")
+def test_snapshot_of_cuda_tensors_is_pinned_and_ready_for_the_writer():
+    from cadence.checkpoint.background import BackgroundWriter
+
+    saver = BackgroundWriter()
+    live = {"w": torch.randn(1024, 1024, device="cuda")}
+    copied = saver.snapshot(live)
+    assert copied["w"].device.type == "cpu" and copied["w"].is_pinned()
+    seen = {}
+    saver.submit("unused/checkpoint-1", lambda: seen.update(w=copied["w"].clone()))  # waits for the copy's event
+    saver.wait()
+    assert torch.equal(seen["w"], live["w"].cpu())
+
+
+def test_async_save_is_on_by_default_and_read_from_text_as_other_bools():
+    from cadence import TrainingArguments
+
+    assert TrainingArguments().async_save is True
+    assert TrainingArguments(async_save="false").async_save is False and TrainingArguments(async_save="1").async_save
+    with pytest.raises(ValueError, match="async_save"):
+        TrainingArguments(async_save="sometimes")

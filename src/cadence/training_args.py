@@ -424,15 +424,6 @@ class TrainingArguments:
             "room for one more: the oldest is deleted only after the new checkpoint is complete."
         ),
     )
-    async_save: bool = field(
-        default=True,
-        metadata=_help(
-            "cadence only. Write checkpoints in the background: at a save step training waits only while the state "
-            "is copied to CPU memory; one thread writes, hashes, fsyncs and renames the folder while training goes "
-            "on (one save in flight; train()'s end, the best-model load, save_model, a resume and the process exit "
-            "wait for it; its errors are raised at the next step). False: synchronous saves, as before."
-        ),
-    )
     enable_jit_checkpoint: bool = field(
         default=False,
         metadata=_help(
@@ -633,6 +624,16 @@ class TrainingArguments:
         metadata=_help(
             "Folder for TensorBoard event files. None: the TensorBoard callback picks $TENSORBOARD_LOGGING_DIR or "
             "output_dir/runs/<time>_<host> when it starts."
+        ),
+    )
+    # --- cadence only (after transformers' fields: positional use stays the same) ---
+    async_save: bool = field(
+        default=True,
+        metadata=_help(
+            "Write checkpoints in the background: at a save step training waits only while the state "
+            "is copied to CPU memory; one thread writes, hashes, fsyncs and renames the folder while training goes "
+            "on (one save in flight; train()'s end, the best-model load, save_model, a resume and the process exit "
+            "wait for it; its errors are raised at the next step). False: synchronous saves, as before."
         ),
     )
 
@@ -969,6 +970,8 @@ _ALIASES: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
 }
 # Accepted, kept on the object, but not options of HF 5: left out of to_dict().
 _LEGACY_ONLY = frozenset(_ALIASES) | {"overwrite_output_dir", "save_safetensors"}
+# cadence's own options, which transformers.TrainingArguments does not have (in to_dict(), so saved with a checkpoint)
+CADENCE_ONLY = frozenset({"async_save"})
 
 _ENUM_FIELDS: dict[str, type[Enum]] = {
     "eval_strategy": IntervalStrategy,

@@ -89,7 +89,7 @@ class BackgroundWriter:
         copied = self._copy(value, ())
         self._aliases, self._memo = {}, {}  # they hold the live objects: let them go
         self._ready = None
-        if self._on_device:  # non_blocking copies: the writer waits for this event, the training thread does not
+        if self._on_device:  # non_blocking CUDA copies: the writer waits for this event, the training thread does not
             self._ready = torch.cuda.Event()
             self._ready.record()
         return copied
@@ -125,9 +125,9 @@ class BackgroundWriter:
             pin = tensor.device.type == "cuda"  # pinned host memory: the copy runs without blocking the stream
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
             self._buffers[path] = buffer
-        on_device = tensor.device.type != "cpu"
-        buffer.copy_(tensor, non_blocking=on_device and buffer.is_pinned())
-        self._on_device |= on_device
+        non_blocking = tensor.device.type == "cuda" and buffer.is_pinned()
+        buffer.copy_(tensor, non_blocking=non_blocking)  # other devices copy synchronously
+        self._on_device |= non_blocking
         self._aliases[alias] = buffer
         return buffer
 
