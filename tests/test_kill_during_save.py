@@ -1,0 +1,169 @@
+"""SIGKILL while a checkpoint is being written, at many random moments: every ``checkpoint-N`` folder left on
+disk is complete, the newest complete one is what ``get_last_checkpoint`` finds, resuming from it ends with
+weights ``torch.equal`` to a run never killed, and the resumed run clears the killed save's leftovers.
+
+Judged only by files on disk and by resuming a real training subprocess (tests/kill_save_worker.py), never by
+the writer's internals, so it holds for synchronous saves and for saves written by a background thread alike.
+The worker saves at every step and sleeps a little before each fsync / ``torch.save`` / safetensors write, so a
+save lasts ~0.2 s and most kills land inside one: before, between or inside its files, or in the rotation.
+"""
+
+import concurrent.futures
+import importlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from cadence import get_last_checkpoint
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+SLOW_MS = 10  # per fsync / file write: 14 of them make a save last ~0.2 s on this CPU
+KILLS = 12
+SEED = 21
+
+
+def verifier():
+    """cadence's checkpoint verifier, wherever the checkpoint package keeps it (it is being split into layers)."""
+    for module, name in (("cadence.checkpoint.manifest", "verify_checkpoint"), ("cadence.checkpoint", "verify_checkpoint")):
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise AssertionError("no verify_checkpoint in cadence.checkpoint(.manifest)")
+
+
+def start(out, *extra, log):
+    src = os.path.join(os.path.dirname(HERE), "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "kill_save_worker.py"), str(out), *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=log, text=True)
+
+
+def steps(proc):
+    """The worker's step numbers as it reports them (``STEP n``); ends at ``DONE``."""
+    for line in proc.stdout:
+        if line.startswith("STEP "):
+            yield int(line.split()[1])
+        elif line.startswith("DONE"):
+            return
+
+
+def complete_checkpoints(out):
+    """{step: folder} of the ``checkpoint-N`` folders in ``out``, asserting that each one is complete and intact."""
+    verify = verifier()
+    found = {}
+    for name in os.listdir(out):
+        match = CHECKPOINT.fullmatch(name)
+        if match:
+            folder = os.path.join(out, name)
+            assert os.path.isfile(os.path.join(folder, "trainer_state.json")), f"{name} is incomplete: {os.listdir(folder)}"
+            verify(folder)  # every file as the manifest says: no truncated or missing file under a final name
+            found[int(match.group(1))] = folder
+    return found
+
+
+def leftovers(out):
+    """Folders that are not ``checkpoint-N`` (a killed save's staging folder, a killed rotation's ``deleting-``)."""
+    return sorted(n for n in os.listdir(out) if os.path.isdir(os.path.join(out, n)) and not CHECKPOINT.fullmatch(n))
+
+
+def final_weights(out):
+    return torch.load(os.path.join(out, "final.pt"), weights_only=True)
+
+
+@dataclass
+class Kill:
+    index: int
+    step: int  # killed after the worker reported the end of this step
+    delay: float  # seconds after that report
+    out: str = ""
+    newest: int = 0  # the newest complete checkpoint left
+    left: list = field(default_factory=list)  # leftover folders found right after the kill
+
+
+def kill_once(kill, tmp_path):
+    kill.out = str(tmp_path / f"killed-{kill.index}")
+    with open(tmp_path / f"killed-{kill.index}.log", "w") as log:
+        proc = start(kill.out, "--slow", str(SLOW_MS), log=log)
+        try:
+            for step in steps(proc):
+                if step == kill.step:
+                    time.sleep(kill.delay)
+                    proc.send_signal(signal.SIGKILL)
+                    break
+        finally:
+            proc.kill()
+            proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, open(log.name).read()[-3000:]
+    kill.left = leftovers(kill.out)
+    checkpoints = complete_checkpoints(kill.out)
+    newest = get_last_checkpoint(kill.out)
+    assert newest == checkpoints[max(checkpoints)], (newest, sorted(checkpoints))
+    kill.newest = max(checkpoints)
+    # the save of step k-1 may still be in flight when step k ends (asynchronous saves); the one before is done
+    assert kill.newest >= kill.step - 2, (kill, sorted(checkpoints))
+    return kill
+
+
+def resume(kill, tmp_path):
+    """Resume the killed run in its own output_dir (full speed); the first step it trains, its final weights."""
+    with open(tmp_path / f"resumed-{kill.index}.log", "w") as log:
+        proc = start(kill.out, "--resume", log=log)
+        trained = list(steps(proc))
+        proc.communicate(timeout=120)
+    assert proc.returncode == 0, open(log.name).read()[-3000:]
+    return trained[0], final_weights(kill.out)
+
+
+def run_unbroken(tmp_path):
+    out = tmp_path / "unbroken"
+    with open(tmp_path / "unbroken.log", "w") as log:
+        proc = start(out, log=log)
+        assert list(steps(proc)) == list(range(1, 19))
+        proc.communicate(timeout=120)
+    assert proc.returncode == 0, open(log.name).read()[-3000:]
+    return final_weights(out), sorted(n for n in os.listdir(out) if not CHECKPOINT.fullmatch(n))
+
+
+@pytest.mark.slow
+def test_kills_during_checkpoint_writes_leave_the_newest_complete_checkpoint_resumable(tmp_path):
+    rng = random.Random(SEED)
+    # steps 3..12 of 18 (saves with and without a rotation, across the epoch ends at 6 and 12); the delay spans a
+    # whole save (~0.2 s) from the step's end, when the save of that step begins
+    kills = [Kill(i, rng.randint(3, 12), rng.uniform(0.0, 0.2)) for i in range(KILLS)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two runs at a time: each spends ~3 s starting up
+        unbroken = pool.submit(run_unbroken, tmp_path)
+        kills = list(pool.map(lambda k: kill_once(k, tmp_path), kills))
+        expected, run_files = unbroken.result()
+
+        # resume once per distinct newest checkpoint (the same files give the same run), preferring a run with
+        # leftovers so that their clean-up is seen
+        chosen = {}
+        for kill in sorted(kills, key=lambda k: not k.left):
+            chosen.setdefault(kill.newest, kill)
+        resumed = list(zip(chosen.values(), pool.map(lambda k: resume(k, tmp_path), chosen.values())))
+
+    in_write = [k for k in kills if any(not n.startswith("deleting-") for n in k.left)]
+    in_rotation = [k for k in kills if any(n.startswith("deleting-") for n in k.left)]
+    print(f"\n{len(kills)} kills: {len(in_write)} left a checkpoint being written, {len(in_rotation)} a rotation "
+          f"being deleted; newest complete checkpoint after each: {[(k.step, round(k.delay * 1000), k.newest) for k in kills]}; "
+          f"{len(resumed)} resumed")
+    assert len(in_write) >= KILLS // 2  # the point is to hit the writes
+    assert any(k.left for k, _ in resumed)
+
+    for kill, (first_step, weights) in resumed:
+        assert first_step == kill.newest + 1  # resumed from the newest complete checkpoint
+        for name, value in expected.items():
+            assert torch.equal(weights[name], value), (kill, name)
+        complete_checkpoints(kill.out)
+        assert leftovers(kill.out) == [] and sorted(
+            n for n in os.listdir(kill.out) if not CHECKPOINT.fullmatch(n)) == run_files  # the killed save's leftovers are gone
