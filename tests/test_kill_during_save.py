@@ -26,7 +26,9 @@ from cadence import get_last_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-SLOW_MS = 10  # per fsync / file write: 14 of them make a save last ~0.2 s on this CPU
+# milliseconds before each file write (5 a save) and each fsync (~11 a save): a save lasts ~0.2 s on this CPU,
+# most of it with some of its files written and the rest not
+SLOW_MS = ("25", "5")
 KILLS = 12
 SEED = 21
 
@@ -48,11 +50,14 @@ def start(out, *extra, log):
                             stdout=subprocess.PIPE, stderr=log, text=True)
 
 
-def steps(proc):
-    """The worker's step numbers as it reports them (``STEP n``); ends at ``DONE``."""
+def steps(proc, left=None):
+    """The worker's step numbers as it reports them (``STEP n``); ends at ``DONE``. ``left`` gets the
+    leftover folders it found at the start of training (``LEFT ...``)."""
     for line in proc.stdout:
         if line.startswith("STEP "):
             yield int(line.split()[1])
+        elif line.startswith("LEFT") and left is not None:
+            left.extend(line.split()[1:])
         elif line.startswith("DONE"):
             return
 
@@ -87,13 +92,14 @@ class Kill:
     delay: float  # seconds after that report
     out: str = ""
     newest: int = 0  # the newest complete checkpoint left
-    left: list = field(default_factory=list)  # leftover folders found right after the kill
+    left: dict = field(default_factory=dict)  # leftover folder -> how many files it held, right after the kill
+    files: dict = field(default_factory=dict)  # checkpoint step -> its file names, right after the kill
 
 
 def kill_once(kill, tmp_path):
     kill.out = str(tmp_path / f"killed-{kill.index}")
     with open(tmp_path / f"killed-{kill.index}.log", "w") as log:
-        proc = start(kill.out, "--slow", str(SLOW_MS), log=log)
+        proc = start(kill.out, "--slow", *SLOW_MS, log=log)
         try:
             for step in steps(proc):
                 if step == kill.step:
@@ -104,24 +110,27 @@ def kill_once(kill, tmp_path):
             proc.kill()
             proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, open(log.name).read()[-3000:]
-    kill.left = leftovers(kill.out)
+    kill.left = {n: len(os.listdir(os.path.join(kill.out, n))) for n in leftovers(kill.out)}
     checkpoints = complete_checkpoints(kill.out)
     newest = get_last_checkpoint(kill.out)
     assert newest == checkpoints[max(checkpoints)], (newest, sorted(checkpoints))
     kill.newest = max(checkpoints)
+    kill.files = {step: sorted(os.listdir(folder)) for step, folder in checkpoints.items()}
     # the save of step k-1 may still be in flight when step k ends (asynchronous saves); the one before is done
     assert kill.newest >= kill.step - 2, (kill, sorted(checkpoints))
     return kill
 
 
 def resume(kill, tmp_path):
-    """Resume the killed run in its own output_dir (full speed); the first step it trains, its final weights."""
+    """Resume the killed run in its own output_dir (full speed): the first step it trained, the leftovers it
+    still saw when training began, its final weights."""
+    left = []
     with open(tmp_path / f"resumed-{kill.index}.log", "w") as log:
         proc = start(kill.out, "--resume", log=log)
-        trained = list(steps(proc))
+        trained = list(steps(proc, left))
         proc.communicate(timeout=120)
     assert proc.returncode == 0, open(log.name).read()[-3000:]
-    return trained[0], final_weights(kill.out)
+    return trained[0], left, final_weights(kill.out)
 
 
 def run_unbroken(tmp_path):
@@ -131,7 +140,8 @@ def run_unbroken(tmp_path):
         assert list(steps(proc)) == list(range(1, 19))
         proc.communicate(timeout=120)
     assert proc.returncode == 0, open(log.name).read()[-3000:]
-    return final_weights(out), sorted(n for n in os.listdir(out) if not CHECKPOINT.fullmatch(n))
+    return (final_weights(out), sorted(n for n in os.listdir(out) if not CHECKPOINT.fullmatch(n)),
+            sorted(os.listdir(out / "checkpoint-18")))
 
 
 @pytest.mark.slow
@@ -143,7 +153,9 @@ def test_kills_during_checkpoint_writes_leave_the_newest_complete_checkpoint_res
     with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two runs at a time: each spends ~3 s starting up
         unbroken = pool.submit(run_unbroken, tmp_path)
         kills = list(pool.map(lambda k: kill_once(k, tmp_path), kills))
-        expected, run_files = unbroken.result()
+        expected, run_files, checkpoint_files = unbroken.result()
+        for kill in kills:  # a complete checkpoint holds every file an unbroken run's does, not just the marker
+            assert all(files == checkpoint_files for files in kill.files.values()), (kill, checkpoint_files)
 
         # resume once per distinct newest checkpoint (the same files give the same run), preferring a run with
         # leftovers so that their clean-up is seen
@@ -155,13 +167,15 @@ def test_kills_during_checkpoint_writes_leave_the_newest_complete_checkpoint_res
     in_write = [k for k in kills if any(not n.startswith("deleting-") for n in k.left)]
     in_rotation = [k for k in kills if any(n.startswith("deleting-") for n in k.left)]
     print(f"\n{len(kills)} kills: {len(in_write)} left a checkpoint being written, {len(in_rotation)} a rotation "
-          f"being deleted; newest complete checkpoint after each: {[(k.step, round(k.delay * 1000), k.newest) for k in kills]}; "
-          f"{len(resumed)} resumed")
+          f"being deleted; (step, delay ms, newest complete, leftover: files) "
+          f"{[(k.step, round(k.delay * 1000), k.newest, k.left) for k in kills]}; {len(resumed)} resumed")
     assert len(in_write) >= KILLS // 2  # the point is to hit the writes
     assert any(k.left for k, _ in resumed)
 
-    for kill, (first_step, weights) in resumed:
+    for kill, (first_step, left, weights) in resumed:
         assert first_step == kill.newest + 1  # resumed from the newest complete checkpoint
+        # cleared when the run resumed, not only when a save of the same step happens to reuse the folder's name
+        assert left == [], (kill, left)
         for name, value in expected.items():
             assert torch.equal(weights[name], value), (kill, name)
         complete_checkpoints(kill.out)
