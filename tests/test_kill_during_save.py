@@ -2,8 +2,9 @@
 disk is complete, the newest complete one is what ``get_last_checkpoint`` finds, resuming from it ends with
 weights ``torch.equal`` to a run never killed, and the resumed run clears the killed save's leftovers.
 
-Judged only by files on disk and by resuming a real training subprocess (tests/kill_save_worker.py), never by
-the writer's internals, so it holds for synchronous saves and for saves written by a background thread alike.
+Judged only by files on disk and by resuming real training processes (tests/kill_save_worker.py, forked from a
+server that imported torch and cadence once), never by the writer's internals, so it holds for synchronous saves
+and for saves written by a background thread alike.
 The worker saves at every step and sleeps a little before each fsync / ``torch.save`` / safetensors write, so a
 save lasts ~0.2 s and most kills land inside one: before, between or inside its files, or in the rotation.
 """
@@ -39,9 +40,9 @@ SEED = 21
 
 def verifier():
     """cadence's checkpoint verifier, wherever the checkpoint package keeps it (it is being split into layers)."""
-    for module, name in (("cadence.checkpoint.manifest", "verify_checkpoint"), ("cadence.checkpoint", "verify_checkpoint")):
+    for module in ("cadence.checkpoint.manifest", "cadence.checkpoint"):
         try:
-            return getattr(importlib.import_module(module), name)
+            return getattr(importlib.import_module(module), "verify_checkpoint")
         except (ImportError, AttributeError):
             continue
     raise AssertionError("no verify_checkpoint in cadence.checkpoint(.manifest)")
@@ -56,8 +57,8 @@ class Server:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
         self.tmp_path, self.log = tmp_path, tmp_path / f"{name}.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "kill_save_worker.py"), "--serve"], env=env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+            self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "kill_save_worker.py"), "--serve"],
+                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
         assert self.proc.stdout.readline() == "READY\n", self.log.read_text()[-3000:]
 
     @contextlib.contextmanager
@@ -66,14 +67,16 @@ class Server:
         its exit code (minus the signal number) is in ``returncode`` afterwards."""
         fifo, log = self.tmp_path / f"{name}.out", self.tmp_path / f"{name}.log"
         os.mkfifo(fifo)
-        self.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "stdout": str(fifo), "stderr": str(log)}) + "\n")
+        request = {"argv": [str(a) for a in argv], "stdout": str(fifo), "stderr": str(log)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         run = types.SimpleNamespace(pid=int(self.proc.stdout.readline().split()[1]), log=log)
         try:
             with open(fifo) as run.lines:  # opens once the child has opened its end
                 yield run
         except BaseException:
-            os.kill(run.pid, signal.SIGKILL)  # a test failing half-way leaves no run behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(run.pid, signal.SIGKILL)  # a test failing half-way leaves no run behind
             raise
         finally:
             pid, run.returncode = map(int, self.proc.stdout.readline().split()[1:])  # "EXIT pid code"
@@ -102,7 +105,8 @@ def complete_checkpoints(out):
         match = CHECKPOINT.fullmatch(name)
         if match:
             folder = os.path.join(out, name)
-            assert os.path.isfile(os.path.join(folder, "trainer_state.json")), f"{name} is incomplete: {os.listdir(folder)}"
+            marker = os.path.join(folder, "trainer_state.json")
+            assert os.path.isfile(marker), f"{name} is incomplete: {os.listdir(folder)}"
             verify(folder)  # every file as the manifest says: no truncated or missing file under a final name
             found[int(match.group(1))] = folder
     return found
