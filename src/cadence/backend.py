@@ -89,11 +89,11 @@ _ATTEMPT_SCHEME = "cadence-torchrun-attempt"
 
 def _restarted_on_torchruns_shared_store() -> bool:
     """A worker torchrun restarted (``TORCHELASTIC_RESTART_COUNT > 0``) on one node, whose process group would be
-    set up through the agent's TCPStore. torchrun keeps that one store for every attempt of the job (torch 2.13 here), and
-    gloo's and NCCL's setup keys carry no attempt: a restarted rank that reads its peer's key before the peer wrote
-    it again gets the address of the killed attempt's process, and the connect fails ("Connection refused",
-    "Connect timeout"; torch issue 135712). The attempt count is the same for every worker of one agent, so on one
-    node it names the attempt for all of them; across nodes each agent counts its own restarts, so it does not."""
+    set up through the agent's TCPStore. torchrun keeps that one store for every attempt of the job (torch 2.13
+    here), and gloo's and NCCL's setup keys carry no attempt: a restarted rank that reads its peer's key before the
+    peer wrote it again gets the address of the killed attempt's process, and the connect fails ("Connection
+    refused", "Connect timeout"; torch issue 135712). The attempt count is the same for every worker of one agent,
+    so on one node it names the attempt for all of them; across nodes each agent counts its own restarts."""
     env = os.environ
     return (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env.get("GROUP_WORLD_SIZE") == "1"
             and env.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"))
