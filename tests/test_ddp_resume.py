@@ -1,16 +1,20 @@
 """Two processes: each writes its own rng_state_{rank}.pth, the main one the rest; a 2-process run
 stopped and resumed equals the unbroken 2-process run; one process resumes it too, from the samples
-the two had trained, with a warning that the run is not bit-identical."""
+the two had trained, with a warning that the run is not bit-identical. Under torchrun --max-restarts, a job whose
+process was SIGKILLed resumes its own checkpoint by itself, and a restarted attempt's process group connects."""
 
 import os
 import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from dist_exit import assert_finished
+
+from cadence import backend
 
 HERE = os.path.dirname(__file__)
 
@@ -106,3 +110,25 @@ def test_a_restarted_attempt_connects_when_one_process_starts_late(tmp_path):
     # the killed attempt's keys were there (torchrun's one store), and the restarted group left them alone
     assert all(int(n) > 0 and untouched == "True" for _, _, n, untouched in restarted), restarted
     assert_finished(proc, 2)
+
+
+@pytest.mark.parametrize("restart, nodes, prefixed", [("2", "1", True), ("0", "1", False), ("2", "2", False)])
+def test_only_a_restart_on_one_node_keys_its_group_setup_by_the_attempt(monkeypatch, restart, nodes, prefixed):
+    """In this process, a group of one over a TCPStore standing for torchrun's: a restart on one node sets its group up
+    under ``cadence/torchrun_attempt_N/``; the first attempt, and a job on several nodes (each node's agent counts its
+    own restarts, so the count names no common attempt), keep torch's keys."""
+    agent = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "RANK": "0", "WORLD_SIZE": "1",
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": restart, "GROUP_WORLD_SIZE": nodes}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    options = backend._process_group_options(SimpleNamespace(ddp_backend="gloo", ddp_timeout=60))
+    torch.distributed.init_process_group(**options)
+    try:
+        total = torch.ones(1)
+        torch.distributed.all_reduce(total)
+        keys = agent.list_keys()
+    finally:
+        torch.distributed.destroy_process_group()
+    assert total.item() == 1 and keys
+    assert all(key.startswith(f"cadence/torchrun_attempt_{restart}/") for key in keys) == prefixed, keys
