@@ -1,16 +1,20 @@
 """Two processes: each writes its own rng_state_{rank}.pth, the main one the rest; a 2-process run
 stopped and resumed equals the unbroken 2-process run; one process resumes it too, from the samples
-the two had trained, with a warning that the run is not bit-identical."""
+the two had trained, with a warning that the run is not bit-identical. Under torchrun --max-restarts, a job whose
+process was SIGKILLed resumes its own checkpoint by itself, and a restarted attempt's process group connects."""
 
 import os
 import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from dist_exit import assert_finished
+
+from cadence import backend
 
 HERE = os.path.dirname(__file__)
 
@@ -62,10 +66,6 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("CADENCE_TEST_TORCHRUN_RESTARTS") != "1", reason=(
-    "opt-in (CADENCE_TEST_TORCHRUN_RESTARTS=1): on CPU, gloo's connect in torchrun's restarted attempts after a SIGKILL "
-    "failed in every restart of 4 of 6 runs on this 2-core VM (passed in 2), so this end-to-end check is not yet reliable "
-    "enough for CI; the in-process test of the same rule runs always (issue 21)"))
 def test_a_job_torchrun_restarts_resumes_its_own_checkpoint_by_itself(tmp_path):
     """torchrun --max-restarts 3: process 1 is SIGKILLed at step 5 of the first attempt; torchrun restarts both, and
     the restarted attempt (not told to resume) starts at checkpoint-4, this job's newest, and ends with the weights of
@@ -90,3 +90,45 @@ def test_a_job_torchrun_restarts_resumes_its_own_checkpoint_by_itself(tmp_path):
     expected = torch.load(os.path.join(full, "final.pt"), weights_only=True)
     got = torch.load(os.path.join(out, "final.pt"), weights_only=True)
     assert set(got) == set(expected) and all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+@pytest.mark.slow
+def test_a_restarted_attempt_connects_when_one_process_starts_late(tmp_path):
+    """torchrun (torch 2.13 here) keeps one store for every attempt of a job, and the process group's setup keys name
+    no attempt: a restarted process that read its peer's key before the peer wrote it again got the address of the
+    killed attempt's process, and gloo's connect failed ("Connection refused"; here in about half the restarts where
+    process 1 started 8 s late, depending on which side gloo has connect). cadence sets up a restarted attempt's group
+    under keys of that attempt: the keys the killed attempt left are never read nor rewritten, and it connects."""
+    src = os.path.join(os.path.dirname(HERE), "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--max-restarts", "1",
+           "--monitor-interval", "0.2", os.path.join(HERE, "restart_connect_worker.py"), str(tmp_path), "8"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    restarted = sorted(re.findall(r"ATTEMPT restart 1 rank (\d) sum (\S+) earlier keys (\d+) untouched (\w+)", proc.stdout))
+    assert [(rank, total) for rank, total, _, _ in restarted] == [("0", "3"), ("1", "3")], proc.stdout[-3000:]
+    # the killed attempt's keys were there (torchrun's one store), and the restarted group left them alone
+    assert all(int(n) > 0 and untouched == "True" for _, _, n, untouched in restarted), restarted
+    assert_finished(proc, 2)
+
+
+@pytest.mark.parametrize("restart, nodes, prefixed", [("2", "1", True), ("0", "1", False), ("2", "2", False)])
+def test_only_a_restart_on_one_node_keys_its_group_setup_by_the_attempt(monkeypatch, restart, nodes, prefixed):
+    """In this process, a group of one over a TCPStore standing for torchrun's: a restart on one node sets its group up
+    under ``cadence/torchrun_attempt_N/``; the first attempt, and a job on several nodes (each node's agent counts its
+    own restarts, so the count names no common attempt), keep torch's keys."""
+    agent = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "RANK": "0", "WORLD_SIZE": "1",
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": restart, "GROUP_WORLD_SIZE": nodes}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    options = backend._process_group_options(SimpleNamespace(ddp_backend="gloo", ddp_timeout=60))
+    torch.distributed.init_process_group(**options)
+    try:
+        total = torch.ones(1)
+        torch.distributed.all_reduce(total)
+        keys = agent.list_keys()
+    finally:
+        torch.distributed.destroy_process_group()
+    assert total.item() == 1 and keys
+    assert all(key.startswith(f"cadence/torchrun_attempt_{restart}/") for key in keys) == prefixed, keys

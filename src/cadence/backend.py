@@ -70,6 +70,45 @@ def _end_at_exit_if_started(start: Callable[[], Any]) -> Any:
     return result
 
 
+def _process_group_options(args: Any) -> dict[str, Any]:
+    """``init_process_group``'s options for this run, the same wherever the group is started (``Backend``,
+    ``main_process_first``, ``trainer.accelerator``): ``ddp_backend``, ``ddp_timeout`` and, in a job torchrun
+    restarted on one node, a rendezvous of this attempt's own (see ``_attempt_rendezvous``)."""
+    options: dict[str, Any] = {"backend": args.ddp_backend, "timeout": timedelta(seconds=args.ddp_timeout)}
+    if _restarted_on_torchruns_shared_store():
+        from torch.distributed.rendezvous import register_rendezvous_handler
+
+        with contextlib.suppress(RuntimeError):  # registered already (torch refuses a second registration)
+            register_rendezvous_handler(_ATTEMPT_SCHEME, _attempt_rendezvous)
+        options["init_method"] = f"{_ATTEMPT_SCHEME}://"
+    return options
+
+
+_ATTEMPT_SCHEME = "cadence-torchrun-attempt"
+
+
+def _restarted_on_torchruns_shared_store() -> bool:
+    """A worker torchrun restarted (``TORCHELASTIC_RESTART_COUNT > 0``) on one node, whose process group would be
+    set up through the agent's TCPStore. torchrun keeps that one store for every attempt of the job (torch 2.13
+    here), and gloo's and NCCL's setup keys carry no attempt: a restarted rank that reads its peer's key before the
+    peer wrote it again gets the address of the killed attempt's process, and the connect fails ("Connection
+    refused", "Connect timeout"; torch issue 135712). The attempt count is the same for every worker of one agent,
+    so on one node it names the attempt for all of them; across nodes each agent counts its own restarts."""
+    env = os.environ
+    return (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env.get("GROUP_WORLD_SIZE") == "1"
+            and env.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"))
+
+
+def _attempt_rendezvous(url: str, **kwargs: Any):
+    """torch's ``env://`` rendezvous, with the store's keys under this attempt's own prefix: the process group's
+    setup never reads a key a killed attempt left in torchrun's store."""
+    from torch.distributed.rendezvous import rendezvous
+
+    store, rank, world_size = next(rendezvous("env" + url[len(_ATTEMPT_SCHEME):], **kwargs))
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    yield torch.distributed.PrefixStore(f"cadence/torchrun_attempt_{attempt}", store), rank, world_size
+
+
 class Backend:
     """Runs the model on one process, or on several through accelerate.
 
@@ -106,7 +145,7 @@ class Backend:
                 static_graph=bool(args.ddp_static_graph),
                 **({"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb else {}),
             )
-            init = InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout), backend=args.ddp_backend)
+            init = InitProcessGroupKwargs(**_process_group_options(args))
             engine = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=self.deepspeed)} if self.deepspeed else {}
             self.accelerator = _end_at_exit_if_started(
                 lambda: Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init], **engine))
@@ -533,7 +572,7 @@ class AcceleratorView:
 
         args = self._backend._args
         return _end_at_exit_if_started(
-            lambda: PartialState(cpu=args.use_cpu, backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout)))
+            lambda: PartialState(cpu=args.use_cpu, **_process_group_options(args)))
 
 
 def _map_tensors(fn: Callable, value: Any) -> Any:
@@ -565,7 +604,7 @@ def main_process_first(args: Any, local: bool = True):
     from accelerate import PartialState
 
     state = _end_at_exit_if_started(
-        lambda: PartialState(cpu=args.use_cpu, backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout)))
+        lambda: PartialState(cpu=args.use_cpu, **_process_group_options(args)))
     return state.local_main_process_first() if local else state.main_process_first()
 
 
