@@ -237,3 +237,15 @@ def test_async_save_is_on_by_default_and_read_from_text_as_other_bools():
     assert TrainingArguments(async_save="false").async_save is False and TrainingArguments(async_save="1").async_save
     with pytest.raises(ValueError, match="async_save"):
         TrainingArguments(async_save="sometimes")
+
+
+def test_a_failing_run_still_completes_its_save_in_flight_before_releasing_output_dir(tmp_path, slow_writes):
+    class Boom(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                raise RuntimeError("a bug in the user's callback")
+
+    with pytest.raises(RuntimeError, match="a bug in the user's callback"):
+        train(tmp_path, max_steps=6, save_steps=2, callbacks=[Boom()])
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2"]  # written, renamed, the lock file gone
+    verify_checkpoint(tmp_path / "checkpoint-2")
