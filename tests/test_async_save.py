@@ -105,7 +105,8 @@ class SaveWatcher(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        assert os.path.isdir(folder) and not os.path.exists(os.path.join(args.output_dir, f"tmp-checkpoint-{state.global_step}"))
+        staging = os.path.join(args.output_dir, f"tmp-checkpoint-{state.global_step}")
+        assert os.path.isdir(folder) and not os.path.exists(staging)
         verify_checkpoint(folder)  # every file as written, manifest included
         self.events.append(("save", state.global_step))
 

@@ -137,6 +137,7 @@ class CheckpointManager:
         trainer = self.trainer
         logger.warning("saving a just-in-time checkpoint at step %d", trainer.state.global_step)
         folder = trainer._save_checkpoint(trainer.model, trial=None)  # transformers' call, which code may patch
-        if not trainer._collect_save(wait=True, reason="a just-in-time checkpoint returns"):  # written in the background:
-            trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)  # fired there
+        # an asynchronous save is waited for, and fires on_save itself; a synchronous one is written: fire it here
+        if not trainer._collect_save(wait=True, reason="a just-in-time checkpoint returns"):
+            trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
         return folder
