@@ -85,7 +85,8 @@ def test_every_save_failure_is_logged_and_retried_at_the_next_save(tmp_path):
     out = tmp_path / "out"
     # all_checkpoints: output_dir with every checkpoint-N folder; the first commit fails (HTTP 500)
     options = {"args": {"max_steps": 6, "save_strategy": "steps", "save_steps": 2, "push_to_hub": True,
-                        "hub_model_id": "me/retry", "hub_strategy": "all_checkpoints"},
+                        "hub_model_id": "me/retry", "hub_strategy": "all_checkpoints",
+                        "async_save": False},  # on_save (the push) at its save step: the pauses below time it
                "pause_before": {"3": 1.0, "5": 1.0}}  # each push ends before the next save
     with HubServer(tmp_path / "hub", fail_commits=1) as hub:
         result, stderr = run_worker("train", out, options, HF_ENDPOINT=hub.url)
