@@ -723,6 +723,14 @@ def reset_device_peak_memory(device: torch.device) -> None:
         stats[2](device)
 
 
+def copies_done_event() -> Any:
+    """An event recorded on the current CUDA stream after non-blocking device-to-host copies (a checkpoint's
+    snapshot): its ``synchronize()``, called by the writer's thread, returns once they have landed."""
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 def device_rng_state(all_devices: bool = False) -> dict[str, Any]:
     """The GPU entries of ``rng_state.pth``, under transformers' key: ``{"cuda": state}``, every visible GPU's
     states (a list) with ``all_devices`` (transformers' choice with several processes), else the current GPU's;

@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import torch
 
+from .. import backend
+
 logger = logging.getLogger(__name__)
 
 
@@ -90,8 +92,7 @@ class BackgroundWriter:
         self._aliases, self._memo = {}, {}  # they hold the live objects: let them go
         self._ready = None
         if self._on_device:  # non_blocking CUDA copies: the writer waits for this event, the training thread does not
-            self._ready = torch.cuda.Event()
-            self._ready.record()
+            self._ready = backend.copies_done_event()
         return copied
 
     def _copy(self, value: Any, path: tuple) -> Any:
