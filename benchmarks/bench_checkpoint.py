@@ -10,6 +10,7 @@ over every save of every round (blocked time) and over the rounds (whole-run rat
 
     .venv/bin/python benchmarks/bench_checkpoint.py             # 5 rounds, about 2.5 minutes on 2 shared cores
     .venv/bin/python benchmarks/bench_checkpoint.py --quick     # 2 rounds of 7 steps, about 1 minute
+    .venv/bin/python benchmarks/bench_checkpoint.py --model 70m --repeats 2   # 70M GPT-2: 0.85 GB checkpoints
 """
 
 from __future__ import annotations
@@ -31,25 +32,30 @@ import common  # noqa: E402
 SAVE_EVERY = 3
 BLOCKED_TARGET = 0.10  # cadence's blocked time per save <= 0.10 x transformers'
 RUN_TARGET = 1.05  # a run saving every SAVE_EVERY steps <= 1.05 x the same run without saves
-SHAPE = dict(vocab=8192, seq_len=64, d=512, n_layer=4, n_head=8)
+SHAPES = {  # --model: the issue's 17M GPT-2, and a larger one (checkpoint 0.9 GB) where memory and time allow
+    "17m": dict(vocab=8192, seq_len=64, d=512, n_layer=4, n_head=8),
+    "70m": dict(vocab=16384, seq_len=64, d=768, n_layer=8, n_head=12),
+}
+SHAPE = SHAPES["17m"]
 BATCH = 4
 RUNS = ("cadence", "hf", "cadence no saves")
 
 
-def gpt2_17m():
+def gpt2_17m(shape: dict = SHAPE):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    s = SHAPE
+    s = shape
     cfg = GPT2Config(vocab_size=s["vocab"], n_positions=s["seq_len"], n_embd=s["d"], n_layer=s["n_layer"],
                      n_head=s["n_head"], bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(cfg)
 
 
-def workload(steps: int) -> common.Workload:
+def workload(steps: int, model: str = "17m") -> common.Workload:
+    shape = SHAPES[model]
     return common.Workload(
-        name="gpt2-17m", make_model=gpt2_17m,
-        make_data=lambda: common.TokenData(BATCH * steps, SHAPE["seq_len"], SHAPE["vocab"]),  # one epoch
-        steps=steps, batch_size=BATCH, tokens_per_sample=SHAPE["seq_len"],
+        name=f"gpt2-{model}", make_model=lambda: gpt2_17m(shape),
+        make_data=lambda: common.TokenData(BATCH * steps, shape["seq_len"], shape["vocab"]),  # one epoch
+        steps=steps, batch_size=BATCH, tokens_per_sample=shape["seq_len"],
         logging_steps=10 * steps,  # no log inside the run: the gaps hold saves only
         warmup_steps=2)
 
@@ -118,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=None, help="rounds of the three runs (default 5, --quick 2)")
     p.add_argument("--steps", type=int, default=None, help="steps per run (default 10: 3 saves followed by a step, "
                    "then transformers' final save; --quick 7)")
+    p.add_argument("--model", choices=sorted(SHAPES), default="17m", help="GPT-2 size (default 17m, the issue's)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared machine a second thread "
                    "made steps vary 0.6-4 s; it also leaves a core to a background save)")
@@ -129,9 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(a.threads)
     common.quiet_transformers()
     repeats = a.repeats or (2 if a.quick else 5)
-    wl = workload(a.steps or (7 if a.quick else 10))
+    wl = workload(a.steps or (7 if a.quick else 10), a.model)
     n_params = sum(t.numel() for t in common.fresh_model(wl).parameters())
-    print(f"GPT-2 {n_params / 1e6:.1f}M parameters, AdamW, batch {BATCH} x {SHAPE['seq_len']} tokens, {wl.steps} "
+    print(f"GPT-2 {n_params / 1e6:.1f}M parameters, AdamW, batch {BATCH} x {SHAPES[a.model]['seq_len']} tokens, {wl.steps} "
           f"steps, a save every {SAVE_EVERY}; torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}")
     run_once("cadence", dataclasses.replace(wl, steps=SAVE_EVERY + 1))  # warm-up: imports, first-call costs
     run_once("hf", dataclasses.replace(wl, steps=SAVE_EVERY + 1))

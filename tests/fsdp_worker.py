@@ -1,12 +1,14 @@
 """Run by test_fsdp.py (under torchrun, or alone for the one-process reference): train a float64 tiny GPT-2,
 optionally with FSDP, stopping at or resuming from a checkpoint; save the final model with save_model.
 
-usage: fsdp_worker.py OUT_DIR --batch B [--fsdp WORDS] [--config JSON] [--no-items] [--stop N] [--resume [DIR]]"""
+usage: fsdp_worker.py OUT_DIR --batch B [--fsdp WORDS] [--config JSON] [--no-items] [--stop N] [--resume [DIR]]
+                      [--sync-save] [--dcp-threads] [--fail-shards-at STEP]"""
 
 import argparse
 import json
 import os
 import sys
+import threading
 
 import torch
 
@@ -33,6 +35,34 @@ class MeanLossGPT2(torch.nn.Module):
         return {"loss": loss, "logits": logits}
 
 
+def record_dcp_threads() -> list:
+    """The names of the threads in which DCP writes shard files, in order (a wrapper around its writer)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    names, write_data = [], FileSystemWriter.write_data
+
+    def recording(self, *args, **kwargs):
+        names.append(threading.current_thread().name)
+        return write_data(self, *args, **kwargs)
+
+    FileSystemWriter.write_data = recording
+    return names
+
+
+def fail_dcp_writes(folder: str) -> None:
+    """DCP's shard writes into ``folder`` raise ``OSError`` (a full disk, say) in this process."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    write_data = FileSystemWriter.write_data
+
+    def failing(self, *args, **kwargs):
+        if folder in str(self.path):
+            raise OSError(28, "No space left on device (injected)")
+        return write_data(self, *args, **kwargs)
+
+    FileSystemWriter.write_data = failing
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -46,7 +76,15 @@ def main() -> None:
     parser.add_argument("--ignore-data-skip", action="store_true")
     parser.add_argument("--best", action="store_true", help="evaluate every 2 steps and load the best model at the end")
     parser.add_argument("--early-stop", action="store_true", help="with --best: stop after 1 evaluation without progress")
+    parser.add_argument("--sync-save", action="store_true", help="async_save=False")
+    parser.add_argument("--dcp-threads", action="store_true",
+                        help="write OUT_DIR/dcp_threads_RANK.json: the threads that wrote DCP's shard files")
+    parser.add_argument("--fail-shards-at", type=int, default=None,
+                        help="process 1 fails to write its DCP shards (OSError) into checkpoint-STEP")
     opts = parser.parse_args()
+    threads = record_dcp_threads() if opts.dcp_threads else None
+    if opts.fail_shards_at is not None and os.environ.get("RANK") == "1":
+        fail_dcp_writes(f"checkpoint-{opts.fail_shards_at}")
     torch.set_num_threads(1)
     model = MeanLossGPT2() if opts.no_items else tiny_gpt2(seed=3).double()
     args = TrainingArguments(
@@ -54,7 +92,7 @@ def main() -> None:
         num_train_epochs=2, learning_rate=3e-3, weight_decay=0.1, max_grad_norm=0.5, optim="adamw_torch",
         lr_scheduler_type="linear", logging_steps=1, save_steps=opts.save_steps, disable_tqdm=True, seed=7,
         use_cpu=True, fsdp=opts.fsdp, fsdp_config=json.loads(opts.config) if opts.config else None,
-        ignore_data_skip=opts.ignore_data_skip, report_to="none",
+        ignore_data_skip=opts.ignore_data_skip, report_to="none", async_save=not opts.sync_save,
         **(dict(eval_strategy="steps", eval_steps=2, load_best_model_at_end=True, metric_for_best_model="eval_loss",
                 greater_is_better=True) if opts.best else {}),  # "greater" so that the best is not simply the last
     )
@@ -66,6 +104,9 @@ def main() -> None:
     sys.stdout.write(f"STOPPED {args.process_index} {trainer.state.global_step}" + "\n")  # one write per line: two workers' lines never run together
     sys.stdout.flush()
     trainer.save_model(os.path.join(opts.out, "final"))
+    if threads is not None:
+        with open(os.path.join(opts.out, f"dcp_threads_{args.process_index}.json"), "w") as f:
+            json.dump(threads, f)
     if args.process_index == 0:
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]

@@ -131,6 +131,49 @@ def test_fsdp_checkpoint_resumes_bit_identically(state_dict_type, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("async_save", [True, False], ids=["async_save", "sync_save"])
+def test_fsdp_sharded_state_is_written_by_a_background_thread(async_save, tmp_path):
+    """async_save: every process's shards are written by DCP's thread (training goes on), the folder appears only once
+    they all are, and it holds what the synchronous save writes; async_save=False writes them on the training thread."""
+    from cadence.checkpoint.manifest import verify_checkpoint
+
+    config = json.dumps({"state_dict_type": "SHARDED_STATE_DICT"})
+    run(2, tmp_path, "--batch", "4", "--fsdp", FSDP, "--config", config, "--save-steps", "2", "--stop", "4",
+        "--dcp-threads", *([] if async_save else ["--sync-save"]))
+    for rank in (0, 1):
+        threads = json.loads((tmp_path / f"dcp_threads_{rank}.json").read_text())
+        assert len(threads) == 4  # model and optimizer, at steps 2 and 4
+        assert all((name != "MainThread") == async_save for name in threads), threads
+    for step in (2, 4):
+        ckpt = tmp_path / f"checkpoint-{step}"
+        verify_checkpoint(ckpt)  # the manifest lists both processes' shards, as written
+        for name in ("pytorch_model_fsdp_0", "optimizer_0"):
+            assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= set(os.listdir(ckpt / name))
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tmp-")]
+
+
+@pytest.mark.slow
+def test_a_failed_background_shard_write_stops_every_process_naming_the_folder(tmp_path):
+    """Process 1 cannot write its shards of checkpoint-4 (in the background): both processes stop with the
+    error naming the folder, checkpoint-4 does not exist (nor its staging folder), checkpoint-2 is intact."""
+    from cadence.checkpoint.manifest import verify_checkpoint
+
+    config = json.dumps({"state_dict_type": "SHARDED_STATE_DICT"})
+    src = os.path.join(os.path.dirname(HERE), "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+           os.path.join(HERE, "fsdp_worker.py"), str(tmp_path), "--batch", "4", "--fsdp", FSDP, "--config", config,
+           "--save-steps", "2", "--stop", "4", "--fail-shards-at", "4"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    named = f"checkpoint {tmp_path / 'checkpoint-4'} could not be written (in the background)"
+    assert proc.stderr.count(named) >= 2, proc.stderr[-4000:]  # each process raises it, naming the folder
+    assert "No space left on device (injected)" in proc.stderr
+    assert sorted(p for p in os.listdir(tmp_path) if "checkpoint" in p) == ["checkpoint-2"]
+    verify_checkpoint(tmp_path / "checkpoint-2")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("state_dict_type", ["FULL_STATE_DICT", "SHARDED_STATE_DICT"])
 def test_fsdp_evaluation_and_load_best_model_at_end(state_dict_type, tmp_path):
     """Evaluation under FSDP equals one process's; the best checkpoint (step 2 of 6, not the last) is loaded

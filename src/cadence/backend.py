@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -372,12 +373,15 @@ class Backend:
 
     # ---------------------------------------------------------------- checkpoints (collectives under FSDP)
 
-    def model_state_dict(self, model: torch.nn.Module, folder: str | os.PathLike, full: bool = False) -> dict | None:
+    def model_state_dict(self, model: torch.nn.Module, folder: str | os.PathLike, full: bool = False,
+                         pending: list | None = None) -> dict | None:
         """The weights to write into ``folder``, called by every process (FSDP gathers them).
 
         Returns None when the model's own ``state_dict`` is the one to save (no sharding); under FSDP the
         consolidated full state on the saving process (``{}`` on the others), or ``{}`` once every process
-        wrote its shard into ``folder`` (``state_dict_type`` sharded, unless ``full``).
+        wrote its shard into ``folder`` (``state_dict_type`` sharded, unless ``full``). With a ``pending`` list
+        (an asynchronous save) the shards are copied to the CPU here and written by a background thread: its
+        future, done once every process's shard and DCP's metadata are written, is appended to ``pending``.
         """
         if self.engine is not None:
             if not full:  # DeepSpeed's own format (global_step*/, latest): every process its partitions
@@ -388,17 +392,19 @@ class Backend:
                 return {}
         if self.sharding is None:
             return None
-        return self.sharding.model_state_dict(model, Path(folder), full)
+        return self.sharding.model_state_dict(model, Path(folder), full, pending)
 
-    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> dict | None:
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike,
+                             pending: list | None = None) -> dict | None:
         """The optimizer state for ``optimizer.pt``, called by every process: ``optimizer.state_dict()``'s format
         (parameters numbered in group order) whatever the engine, so one process can resume it; None when
-        every process wrote its shard into ``folder`` instead (FSDP, ``state_dict_type`` sharded)."""
+        every process wrote its shard into ``folder`` instead (FSDP, ``state_dict_type`` sharded; in the
+        background with a ``pending`` list, as :meth:`model_state_dict`)."""
         if self.engine is not None:
             return None  # inside DeepSpeed's checkpoint
         if self.sharding is None:
             return optimizer.state_dict()
-        return self.sharding.optimizer_state_dict(model, optimizer, Path(folder))
+        return self.sharding.optimizer_state_dict(model, optimizer, Path(folder), pending)
 
     def load_model_weights(self, model: torch.nn.Module, folder: str | os.PathLike) -> None:
         """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded)."""
@@ -955,6 +961,7 @@ class _FullyShard:
         self.plugin, self.device, self.amp_dtype = plugin, device, amp_dtype
         self.sharded_state = plugin.state_dict_type == "SHARDED_STATE_DICT"
         self.pending: Path | None = None  # sharded weights to load once the model is sharded (a resume)
+        self._save_group = None  # the gloo group of DCP's background writes (async_save), made at the first one
 
     def shard(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -1022,12 +1029,33 @@ class _FullyShard:
         torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
         return norm
 
-    def model_state_dict(self, model: torch.nn.Module, folder: Path, full: bool) -> dict:
+    def _save_shards(self, state: dict, folder: Path, pending: list | None) -> None:
+        """Every process writes its shards of ``state`` into the DCP folder ``folder``: now, or (``pending``) from a
+        CPU copy taken now, by the writer's thread, which calls what this appends to ``pending``. Those writes run
+        DCP's collectives on a gloo group of their own, one after the other in the same order on every process, while
+        the training thread's collectives go on over the default group."""
         import torch.distributed.checkpoint as dcp
+
+        if pending is None:
+            dcp.save(state, checkpoint_id=folder)
+            return
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._save_group is None:  # every process saves at the same step: they create it together
+            self._save_group = torch.distributed.new_group(backend="gloo")
+        stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                              use_async_staging=False, use_non_blocking_copy=False))
+        try:
+            staged = stager.stage(state)  # each local shard copied to the CPU, here: training changes them next
+        finally:
+            stager.close()
+        pending.append(functools.partial(dcp.save, staged, checkpoint_id=folder, process_group=self._save_group))
+
+    def model_state_dict(self, model: torch.nn.Module, folder: Path, full: bool, pending: list | None = None) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if self.sharded_state and not full:
-            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=folder / formats.MODEL_SHARDS_NAME)
+            self._save_shards({"model": get_model_state_dict(model)}, folder / formats.MODEL_SHARDS_NAME, pending)
             return {}
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         first: dict[int, str] = {}  # tied parameters (GPT-2's lm_head and wte) come back as copies: tie them again,
@@ -1038,12 +1066,13 @@ class _FullyShard:
             first.setdefault(id(p), name)
         return state
 
-    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict | None:
-        import torch.distributed.checkpoint as dcp
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
+                             pending: list | None = None) -> dict | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         if self.sharded_state:
-            dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder / formats.OPTIMIZER_SHARDS_NAME)
+            self._save_shards({"optimizer": get_optimizer_state_dict(model, optimizer)},
+                              folder / formats.OPTIMIZER_SHARDS_NAME, pending)
             return None
         state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if "param_groups" not in state:  # not the saving process: nothing gathered here

@@ -51,11 +51,13 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     and ``trainer_state.json`` are written.
 
     With a ``writer`` the save is asynchronous: the states are collected here as always (collectives stay on
-    the training thread), the small files that are ready (every process's RNG state, FSDP's sharded DCP
-    state, weights a model's ``save_pretrained`` writes only from the live model, e.g. PEFT adapters) go into the
-    staging folder now, every process's part is in it at the barrier, and the main process hands a CPU snapshot
-    of the rest to the writer's thread, which writes, hashes, renames and rotates. Returns at once;
-    ``writer.wait()`` waits for the folder. The caller passes none where ``backend.saves_in_background`` is False.
+    the training thread), the small files that are ready (every process's RNG state, weights a model's
+    ``save_pretrained`` writes only from the live model, e.g. PEFT adapters) go into the staging folder now;
+    FSDP's sharded state is copied to the CPU now and written by every process's writer thread (DCP, with its
+    collectives on a group of their own); the main process hands a CPU snapshot of the rest to its writer's thread,
+    which writes the shards, then the other files, hashes, renames and rotates. Returns at once;
+    ``writer.wait()`` waits for the folder (on every process: for its shards). The caller passes none where
+    ``backend.saves_in_background`` is False.
 
     Args:
         folder: ``{output_dir}/checkpoint-{global_step}``.
@@ -85,9 +87,10 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         save_rng_state(folder, args.process_index, args.world_size)
     # every process, in the same order (collectives): under FSDP gathered to the main process, or written as shards
     model = objects["model"]
-    states = {"model": backend.model_state_dict(model, tmp)}
-    if full:
-        states["optimizer"] = backend.optimizer_state_dict(model, objects["optimizer"], tmp)  # None: written as shards
+    pending = [] if writer is not None else None  # FSDP's sharded writes, for the writer's thread
+    states = {"model": backend.model_state_dict(model, tmp, pending=pending)}
+    if full:  # None: written as shards
+        states["optimizer"] = backend.optimizer_state_dict(model, objects["optimizer"], tmp, pending=pending)
         for name in STATE_FILES:
             if name != "optimizer" and objects.get(name) is not None:
                 states[name] = objects[name].state_dict()
@@ -107,12 +110,24 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
             states = writer.snapshot(states)
         write = functools.partial(_write_files, unwrapped, processing_class, states, args.to_dict(),
                                   state.to_json_string())
-    backend.barrier()  # every process's part is in the staging folder
+    backend.barrier()  # every process's part is in the staging folder, or (pending) on its way there
     if writer is None:
         _complete(folder, write, args, state.best_model_checkpoint, backend.barrier)
-    elif write is not None:
+    elif write is not None:  # the main process: its shards, then its files, inside the atomic write
+        write = functools.partial(_shards_first, pending, write)
         writer.submit(folder, functools.partial(_complete, folder, write, args, state.best_model_checkpoint, None))
+    elif pending:  # another process: its shards (the main process's writer renames once they are all written)
+        writer.submit(folder, functools.partial(_shards_first, pending, None, None))
     return folder
+
+
+def _shards_first(pending: list, write: Callable[[Path], None] | None, tmp: Path | None) -> None:
+    """In the writer's thread: this process's sharded writes (``Backend`` made them; each ends once every process's
+    shards are written: DCP's own collectives), then ``write(tmp)`` (the main process's files)."""
+    for write_shards in pending:
+        write_shards()
+    if write is not None:
+        write(tmp)
 
 
 def _weights_from_state_dict(model: torch.nn.Module) -> bool:
