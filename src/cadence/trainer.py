@@ -1197,7 +1197,7 @@ class Trainer:
             trial: unused (transformers' signature).
             loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume.
         """
-        self._collect_save(wait=True, reason="the next checkpoint")  # one save in flight; the best one exists below
+        self._collect_save(wait=True, reason="the next checkpoint", stall=True)  # one in flight; the best exists below
         args = self.args
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         best_step = self.state.best_global_step
@@ -1212,11 +1212,12 @@ class Trainer:
         self._unannounced_save = (folder, _state_at_save(self.state)) if in_background else None
         return folder
 
-    def _collect_save(self, wait: bool, reason: str = "") -> bool:
+    def _collect_save(self, wait: bool, reason: str = "", stall: bool = False) -> bool:
         """Finish the background save whose ``on_save`` has not fired: once its folder is complete (at once when
         ``wait``, else only if it already is: a cheap check at each step boundary), raise its error in this
         thread or fire ``on_save``. Every process calls it at the same points; with several, they agree (one small
-        all-reduce while a save is pending), so ``on_save`` fires at the same step everywhere.
+        all-reduce while a save is pending), so ``on_save`` fires at the same step everywhere. ``reason`` and
+        ``stall`` are logged with the time waited (a warning with ``stall``: the next save had to wait).
 
         Returns:
             Whether ``on_save`` fired.
@@ -1230,7 +1231,7 @@ class Trainer:
         error = None
         if wait:
             try:
-                saver.wait(reason)
+                saver.wait(reason, stall)
             except background.CheckpointWriteError as e:
                 error = e
         busy, failed = not saver.done(), error is not None or saver.failed()

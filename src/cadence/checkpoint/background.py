@@ -135,9 +135,9 @@ class BackgroundWriter:
     # ------------------------------------------------------------ the write (background thread)
 
     def submit(self, folder: str | os.PathLike, write: Callable[[], Any]) -> None:
-        """Run ``write()`` (which creates ``folder``) in the background; returns at once. Waits first for the
-        save in flight, if any, and logs how long it waited."""
-        self.wait(reason=f"the next checkpoint ({Path(folder).name})")
+        """Run ``write()`` (which creates ``folder``) in the background; returns at once. Call once the previous
+        save is collected (:meth:`wait`): one save in flight."""
+        assert self._job is None, "submit() while a save is in flight: wait() for it first"
         self._job = _Job(Path(folder), write, self._ready)
         self._ready = None
         self._job.thread.start()
@@ -155,11 +155,12 @@ class BackgroundWriter:
         """Whether the save in flight has finished with an error (not yet raised). Never blocks."""
         return self._job is not None and not self._job.thread.is_alive() and self._job.error is not None
 
-    def wait(self, reason: str = "") -> Path | None:
+    def wait(self, reason: str = "", stall: bool = False) -> Path | None:
         """Block until the save in flight is complete; returns its folder (None when there was none).
 
         Args:
             reason: what waits (logged with the time waited, when it had to wait).
+            stall: the next save waits (saves come faster than they are written): logged as a warning.
 
         Raises:
             CheckpointWriteError: the background write failed (naming the folder; the cause chained).
@@ -171,8 +172,8 @@ class BackgroundWriter:
             start = time.perf_counter()
             job.thread.join()
             waited = time.perf_counter() - start
-            if waited >= 0.01:  # the next save waiting is a stall worth a warning: saves come faster than they write
-                log = logger.warning if reason.startswith("the next checkpoint") else logger.info
+            if waited >= 0.01:
+                log = logger.warning if stall else logger.info
                 log("waited %.2f s for the background save of %s to finish before %s", waited, job.folder.name,
                     reason or "going on")
         self._job = None

@@ -79,7 +79,7 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     tmp = staging_folder(folder)
     full = not args.save_only_model
     if writer is not None:  # one save in flight; its snapshot buffers are free once it is written
-        writer.wait(reason=f"the next checkpoint ({folder.name})")
+        writer.wait(reason=f"the next checkpoint ({folder.name})", stall=True)
     if args.should_save:  # every process puts its files into the staging folder first
         prepare_staging(folder)
     backend.barrier()
