@@ -12,7 +12,9 @@ Checks, each printed as one line with its numbers, and the exit status is the nu
    step with and without (on a GPT-2 from transformers when installed, else a plain module marked
    with ``checkpoint_modules``).
 5. tf32=True is accepted on capability >= 8; torch_empty_cache_steps calls torch.cuda.empty_cache.
-6. DeepSpeed ZeRO-2 and ZeRO-3 (issue 13; skipped, saying so, without the deepspeed package): 20 steps
+6. async_save (issue 21): pinned snapshot buffers; each checkpoint (every 5 steps) holds exactly its step's weights
+   and AdamW moments, as recorded at ``on_step_end`` (a snapshot copy racing the next step would not).
+7. DeepSpeed ZeRO-2 and ZeRO-3 (issue 13; skipped, saying so, without the deepspeed package): 20 steps
    with GA 2 and clipping track the plain float32 run (rel 1e-3); checkpoint-10 holds DeepSpeed's
    global_step* folder, ZeRO-3 also a consolidated model.safetensors
    (stage3_gather_16bit_weights_on_model_save); a run resumed from it ends at the same loss (rel 1e-3).
@@ -240,6 +242,41 @@ def check_tf32_and_cache():
     report("tf32 and torch_empty_cache_steps", ok, detail)
 
 
+def check_async_save():
+    """async_save on CUDA (issue 21): the snapshot goes into pinned buffers by non-blocking copies and the writer waits
+    on their event; each checkpoint must hold exactly the weights and optimizer state of its own step (a copy racing
+    the next optimizer step would hold a later step's values)."""
+    from safetensors.torch import load_file
+
+    from cadence.checkpoint.formats import safe_load
+
+    seen = {}
+
+    class Record(TrainerCallback):  # on_step_end comes before the save of the same step
+        def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+            if state.global_step % 5 == 0:
+                weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+                ordered = [p for group in optimizer.param_groups for p in group["params"]]  # optimizer.pt's numbers
+                moments = [optimizer.state[p]["exp_avg"].cpu().clone() for p in ordered]
+                seen[state.global_step] = (weights, moments)
+
+    trainer = Trainer(TinyLM(), args("async_save", save_strategy="steps", save_steps=5, async_save=True),
+                      train_dataset=Tokens(), data_collator=collate, callbacks=[Record()])
+    trainer.train()
+    buffers = list(trainer._checkpoint_writer._buffers.values())
+    pinned = bool(buffers) and all(b.is_pinned() for b in buffers)
+    wrong = []
+    for step, (weights, moments) in seen.items():
+        folder = os.path.join(OUT, "async_save", f"checkpoint-{step}")
+        saved = load_file(os.path.join(folder, "model.safetensors"))
+        wrong += [f"{step}:{k}" for k, v in weights.items() if not torch.equal(saved[k], v)]
+        state = safe_load(os.path.join(folder, "optimizer.pt"))["state"]
+        wrong += [f"{step}:exp_avg[{i}]" for i, m in enumerate(moments) if not torch.equal(state[i]["exp_avg"], m)]
+    ok = pinned and len(seen) == 4 and not wrong
+    report("async_save snapshot on CUDA", ok, f"{len(seen)} checkpoints, {len(buffers)} buffers pinned: {pinned}; "
+           f"entries differing from their step's live state: {wrong[:5] or 'none'}")
+
+
 def check_deepspeed(fp32, stage):
     """ZeRO `stage` on this one GPU, through accelerate's DeepSpeedPlugin (run last: it initialises torch.distributed)."""
     try:
@@ -279,7 +316,7 @@ def main() -> int:
     fp32 = losses(fp32_trainer)
     checks = {"bf16": lambda: check_bf16(fp32), "fp16": lambda: check_fp16(fp32),
               "compile": lambda: check_compile(fp32_trainer), "checkpointing": check_checkpointing,
-              "tf32/empty_cache": check_tf32_and_cache,
+              "tf32/empty_cache": check_tf32_and_cache, "async_save": check_async_save,
               "deepspeed ZeRO-2": lambda: check_deepspeed(fp32_ga, 2), "deepspeed ZeRO-3": lambda: check_deepspeed(fp32_ga, 3)}
     # the DeepSpeed runs use batch 4 x GA 2: their plain float32 reference has the same global batch (8)
     fp32_ga = losses(run("fp32_ga", per_device_train_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=1.0)[0])
