@@ -157,16 +157,7 @@ def sharded_run(tmp_path_factory):
 
 
 def resume_fails(out):
-    import subprocess
-    import sys
-
-    from test_fsdp import HERE
-
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           os.path.join(HERE, "fsdp_worker.py"), str(out), *SHARDED, "--resume"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = run(2, out, *SHARDED, "--resume", check=False)
     assert proc.returncode != 0
     return proc.stderr
 
