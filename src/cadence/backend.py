@@ -380,8 +380,8 @@ class Backend:
         Returns None when the model's own ``state_dict`` is the one to save (no sharding); under FSDP the
         consolidated full state on the saving process (``{}`` on the others), or ``{}`` once every process
         wrote its shard into ``folder`` (``state_dict_type`` sharded, unless ``full``). With a ``pending`` list
-        (an asynchronous save) the shards are copied to the CPU here and written by a background thread: its
-        future, done once every process's shard and DCP's metadata are written, is appended to ``pending``.
+        (an asynchronous save) the shards are copied to the CPU here, and their write is appended to ``pending``
+        for the writer's thread to call (it returns once every process's shards and DCP's metadata are written).
         """
         if self.engine is not None:
             if not full:  # DeepSpeed's own format (global_step*/, latest): every process its partitions

@@ -1235,7 +1235,7 @@ class Trainer:
             except background.CheckpointWriteError as e:
                 error = e
         busy, failed = not saver.done(), error is not None or saver.failed()
-        if self.args.world_size > 1:  # only the main process writes: its answer is everyone's
+        if self.args.world_size > 1:  # the main process writes the folder (every process its FSDP shards): agree
             flags = self.backend.reduce_sum(torch.tensor([float(busy), float(failed)], device=self.backend.device))
             busy, failed = (bool(v > 0) for v in flags.tolist())
         if busy:
