@@ -1248,7 +1248,7 @@ class Trainer:
         if error is not None:
             raise error
         if failed:
-            raise background.CheckpointWriteError(folder, detail="the main process's background write failed "
+            raise background.CheckpointWriteError(folder, detail="another process's background write failed "
                                                   "(its log names the cause)")
         should_save = self.control.should_save  # a save requested at this step stays requested
         self.control = self.callback_handler.on_save(self.args, saved_state, self.control)
