@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from dist_exit import launch
 
 from cadence.training_args import ParallelMode, TrainingArguments
 
