@@ -1,11 +1,12 @@
-"""The ending every multi-process test worker shares (end the process group, then say so), and the
-tests' check of it."""
+"""The ending every multi-process test worker shares (end the process group, then say so), the tests' check of
+it, and how the tests launch a worker (torchrun, or plain python for one process)."""
 
 import atexit
 import faulthandler
 import gc
 import os
 import re
+import subprocess
 import sys
 
 import torch
@@ -51,3 +52,23 @@ def assert_finished(proc, nproc):
     assert sorted(re.findall(r"FINISHED rank \d+", proc.stdout)) == [f"FINISHED rank {r}" for r in range(nproc)], (
         proc.stdout[-3000:])
     assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(os.path.dirname(HERE), "src")
+
+
+def worker_env(env=None):
+    """The environment of a worker: this checkout's cadence first on the path (even beside another install), with
+    tests/ for the shared helpers, one thread per process (the suite's machines are shared), and ``env``."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, SRC]), **(env or {})}
+
+
+def launch(script, *args, nproc=2, env=None, torchrun=(), timeout=300, **run_kwargs):
+    """Run tests/``script`` with ``args`` on ``nproc`` processes: ``torchrun --standalone`` with the extra flags
+    ``torchrun``, or plain python for one (and no flags); waits, capturing its text output; returns the CompletedProcess
+    (``run_kwargs``, e.g. ``cwd``, go to subprocess.run)."""
+    cmd = [sys.executable, os.path.join(HERE, script), *map(str, args)]
+    if nproc > 1 or torchrun:
+        cmd[1:1] = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *torchrun]
+    return subprocess.run(cmd, env=worker_env(env), capture_output=True, text=True, timeout=timeout, **run_kwargs)

@@ -1,24 +1,13 @@
 """Two processes (CPU, gloo, launched with torchrun) train exactly like one with the same global batch."""
 
-import os
-import subprocess
-import sys
-
+import dist_exit
 import pytest
 import torch
 from dist_exit import assert_finished
 
-HERE = os.path.dirname(__file__)
-
 
 def launch(nproc, model, out, batch, ga, data="random"):
-    src = os.path.join(os.path.dirname(HERE), "src")  # this checkout's cadence, even beside another install
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
-           os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga), data]
-    if nproc == 1:
-        cmd = [sys.executable, os.path.join(HERE, "ddp_worker.py"), model, out, str(batch), str(ga), data]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = dist_exit.launch("ddp_worker.py", model, out, batch, ga, data, nproc=nproc, timeout=240)
     assert_finished(proc, nproc)
     return torch.load(out, weights_only=True)
 
@@ -35,14 +24,7 @@ def test_two_processes_equal_one(model, tmp_path):
 
 
 def launch_eval(nproc, out, batch):
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    script = [os.path.join(HERE, "ddp_eval_worker.py"), out, str(batch)]
-    cmd = [sys.executable, *script]
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *script]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert_finished(proc, nproc)
+    assert_finished(dist_exit.launch("ddp_eval_worker.py", out, batch, nproc=nproc, timeout=240), nproc)
     return torch.load(out, weights_only=True)
 
 

@@ -6,26 +6,18 @@ process was SIGKILLed resumes its own checkpoint by itself, and a restarted atte
 import os
 import re
 import shutil
-import subprocess
-import sys
 from types import SimpleNamespace
 
+import dist_exit
 import pytest
 import torch
 from dist_exit import assert_finished
 
 from cadence import backend
 
-HERE = os.path.dirname(__file__)
 
-
-def launch(nproc, out, *extra):
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    worker = [os.path.join(HERE, "ddp_resume_worker.py"), out, *extra]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *worker]
-    return subprocess.run(cmd if nproc > 1 else [sys.executable, *worker], env=env, capture_output=True, text=True,
-                          timeout=240)
+def launch(nproc, out, *extra, timeout=240, torchrun=()):
+    return dist_exit.launch("ddp_resume_worker.py", out, *extra, nproc=nproc, timeout=timeout, torchrun=torchrun)
 
 
 def ok(proc):
@@ -74,12 +66,8 @@ def test_a_job_torchrun_restarts_resumes_its_own_checkpoint_by_itself(tmp_path):
     steps = ok(launch(2, full))
     # another job's newer checkpoint there first: a restart must not take it for its own
     assert ok(launch(2, out, "--stop", "6", "--save-steps", "6")) == 6
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--max-restarts", "3",
-           "--monitor-interval", "0.2", os.path.join(HERE, "ddp_resume_worker.py"), out, "--save-steps", "4",
-           "--kill-rank1", "5"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    proc = launch(2, out, "--save-steps", "4", "--kill-rank1", "5", timeout=400,
+                  torchrun=["--max-restarts", "3", "--monitor-interval", "0.2"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     starts = re.findall(r"ATTEMPT restart (\d+) rank (\d) starts at step (\d+)", proc.stdout)
     assert ("0", "0", "0") in starts and ("0", "1", "0") in starts, proc.stdout[-3000:]  # a new run: the other job's
@@ -99,11 +87,8 @@ def test_a_restarted_attempt_connects_when_one_process_starts_late(tmp_path):
     killed attempt's process, and gloo's connect failed ("Connection refused"; here in about half the restarts where
     process 1 started 8 s late, depending on which side gloo has connect). cadence sets up a restarted attempt's group
     under keys of that attempt: the keys the killed attempt left are never read nor rewritten, and it connects."""
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--max-restarts", "1",
-           "--monitor-interval", "0.2", os.path.join(HERE, "restart_connect_worker.py"), str(tmp_path), "8"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = dist_exit.launch("restart_connect_worker.py", tmp_path, "8", timeout=240,
+                            torchrun=["--max-restarts", "1", "--monitor-interval", "0.2"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     restarted = sorted(re.findall(r"ATTEMPT restart 1 rank (\d) sum (\S+) earlier keys (\d+) untouched (\w+)", proc.stdout))
     assert [(rank, total) for rank, total, _, _ in restarted] == [("0", "3"), ("1", "3")], proc.stdout[-3000:]

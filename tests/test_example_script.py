@@ -211,20 +211,13 @@ def test_resume_from_checkpoint_continues_exactly(runs):
 def test_two_processes_run_the_script_like_one(runs, tmp_path):
     """torchrun with 2 processes (half the per-device batch): main_process_first around datasets.map, files
     written once by the main process, and the same numbers as the one-process run."""
-    import os
-    import subprocess
-    import sys
+    from dist_exit import launch
 
-    here = os.path.dirname(__file__)
-    src = os.path.join(os.path.dirname(here), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([here, src]), "HF_DATASETS_OFFLINE": "1",
-           "CLM_EXAMPLE_LIB": "cadence"}
     out = tmp_path / "out"
     args = argv(runs["data"], out)
     args[args.index("--per_device_train_batch_size") + 1] = "4"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           os.path.join(here, "clm_example.py"), *args, "--ddp_backend", "gloo"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = launch("clm_example.py", *args, "--ddp_backend", "gloo", timeout=600,
+                  env={"HF_DATASETS_OFFLINE": "1", "CLM_EXAMPLE_LIB": "cadence"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("***** train metrics *****") == 1  # log_metrics prints on the main process only
     one = runs["cadence"][0]

@@ -7,25 +7,18 @@ The one-process reference is itself pinned to transformers.Trainer in test_hf_pa
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from dist_exit import launch
 
-HERE = os.path.dirname(__file__)
 FSDP = "full_shard auto_wrap"
 
 
 def run(nproc, out, *extra, check=True):
     """Run fsdp_worker.py on ``nproc`` processes; returns the finished process (stdout has each rank's STOPPED line),
     which must have succeeded (``check``)."""
-    src = os.path.join(os.path.dirname(HERE), "src")  # this checkout's cadence, even beside another install
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    worker = [os.path.join(HERE, "fsdp_worker.py"), str(out), *extra]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *worker]
-    proc = subprocess.run(cmd if nproc > 1 else [sys.executable, *worker], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = launch("fsdp_worker.py", out, *extra, nproc=nproc, timeout=600)
     assert proc.returncode == 0 or not check, proc.stderr[-4000:]
     return proc
 

@@ -3,9 +3,9 @@ on one process, gathered from every process on several (torchrun, gloo), the pad
 order; eval_use_gather_object=True gathers the tensors as objects too, with the same result."""
 
 import os
-import subprocess
 import sys
 
+import dist_exit
 import pytest
 import torch
 from dist_exit import assert_finished
@@ -16,14 +16,7 @@ HERE = os.path.dirname(__file__)
 
 
 def launch(nproc, out):
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    script = [os.path.join(HERE, "gather_object_worker.py"), out]
-    cmd = [sys.executable, *script]
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *script]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert_finished(proc, nproc)
+    assert_finished(dist_exit.launch("gather_object_worker.py", out, nproc=nproc, timeout=240), nproc)
     return torch.load(out, weights_only=True)
 
 

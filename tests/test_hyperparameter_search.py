@@ -221,15 +221,11 @@ def test_ray_tune_two_trial_local_search(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_under_torchrun_every_process_trains_process_0s_trials(tmp_path):
     import json
-    import subprocess
 
-    here = os.path.dirname(__file__)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([here, os.path.join(os.path.dirname(here), "src")])}
+    from dist_exit import launch
+
     out = str(tmp_path / "hp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           os.path.join(here, "ddp_hp_worker.py"), out]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = launch("ddp_hp_worker.py", out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     zero, one = (json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1))
     # each process samples with its own seed, yet both trained process 0's values, trial by trial

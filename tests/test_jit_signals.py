@@ -6,22 +6,16 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
+from dist_exit import launch
 from test_crash import Signal
 from test_resume import train
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def run_worker(out, *extra):
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "jit_worker.py"), out, *extra], env=env,
-                          capture_output=True, text=True, timeout=300, start_new_session=True)  # its own group
+    proc = launch("jit_worker.py", out, *extra, nproc=1, timeout=300, start_new_session=True)  # its own group
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{\"global_step\"")]
     return proc, (json.loads(lines[-1]) if lines else None)
 

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from dist_exit import HERE, launch, worker_env
 
-from test_fsdp import HERE, assert_same_training, result, run as run_worker
+from test_fsdp import assert_same_training, result, run as run_worker
 
-SRC = os.path.join(os.path.dirname(HERE), "src")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, SRC])}
+ENV = worker_env()
 
 
 def free_port():
@@ -67,9 +67,7 @@ def test_accelerate_launch_with_fsdp_config_file(one_process, tmp_path):
 def test_ddp_options_reach_ddp_and_the_process_group(tmp_path):
     options = {"ddp_bucket_cap_mb": 3, "ddp_broadcast_buffers": False, "ddp_find_unused_parameters": True,
                "ddp_backend": "gloo", "ddp_timeout": 77}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           os.path.join(HERE, "ddp_options_worker.py"), str(tmp_path), json.dumps(options)]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    proc = launch("ddp_options_worker.py", tmp_path, json.dumps(options), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("SEEN ")]
     assert sorted(s["rank"] for s in seen) == [0, 1]

@@ -5,10 +5,7 @@ resumed it ends bit-identical to the unbroken run; on two processes (torchrun, g
 answers and metrics, and the subclass's gathered statistic counts every process's batches."""
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,9 +16,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 import qa_example  # noqa: E402
 from example_runs import read, runs_on_both_libraries  # noqa: E402
-from dist_exit import assert_finished  # noqa: E402
+from dist_exit import assert_finished, launch  # noqa: E402
 
-HERE = os.path.dirname(__file__)
 SPEED = ("_runtime", "_per_second")
 SHIFT_ONLY = {"qa_outputs.bias", "bert.encoder.layer.0.attention.self.key.bias"}
 REL = 1e-4  # the same float32 model in two libraries: sums in another order differ in the last bits
@@ -111,12 +107,9 @@ def test_resumed_run_ends_bit_identical(runs):
 @pytest.mark.slow
 def test_two_processes_give_the_one_process_results(runs, data, tmp_path):
     one, two = runs["cadence"][0], tmp_path / "out"
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src]),
-           "QA_EXAMPLE_LIB": "cadence", "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           os.path.join(HERE, "example_worker.py"), "qa_example", *argv(data, two, batch=2, ga=2)]
-    assert_finished(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path), 2)
+    proc = launch("example_worker.py", "qa_example", *argv(data, two, batch=2, ga=2), timeout=300, cwd=tmp_path,
+                  env={"QA_EXAMPLE_LIB": "cadence", "HF_DATASETS_OFFLINE": "1"})
+    assert_finished(proc, 2)
     a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     for name in a:
         # float32 gradients summed in another order (an all-reduce of two halves): last bits, through 12 Adam steps.

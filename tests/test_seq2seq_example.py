@@ -4,10 +4,7 @@ gives the same weights, generated text and metrics; resumed from a checkpoint it
 unbroken run; on two processes (torchrun, gloo) it gives the one-process predictions and metrics."""
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,9 +16,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 import summarization_example  # noqa: E402
 from example_runs import read, runs_on_both_libraries  # noqa: E402
-from dist_exit import assert_finished  # noqa: E402
+from dist_exit import assert_finished, launch  # noqa: E402
 
-HERE = os.path.dirname(__file__)
 SPEED = ("_runtime", "_per_second")
 # the same float32 model in two libraries: sums in another order differ in the last bits
 REL = 1e-4
@@ -58,12 +54,8 @@ def argv(data, out, batch=4, ga=2):
 
 
 def launch_two(args, tmp):
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src]),
-           "SEQ2SEQ_EXAMPLE_LIB": "cadence", "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           os.path.join(HERE, "example_worker.py"), "summarization_example", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp)
+    proc = launch("example_worker.py", "summarization_example", *args, timeout=300, cwd=tmp,
+                  env={"SEQ2SEQ_EXAMPLE_LIB": "cadence", "HF_DATASETS_OFFLINE": "1"})
     assert_finished(proc, 2)
 
 

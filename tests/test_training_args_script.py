@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from dist_exit import launch
 
 from cadence.training_args import ParallelMode, TrainingArguments
 
 transformers = pytest.importorskip("transformers")
-HERE = os.path.dirname(__file__)
 
 # Fields whose to_dict() differs by design: transformers expands accelerator_config into its defaults
 # object (cadence keeps None: not built); logging_dir is a 4.x field transformers 5 no longer has.
@@ -175,11 +174,7 @@ def test_main_process_first_runs_the_block_with_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_main_process_first_is_a_barrier_under_two_processes_and_end_closes_the_group(tmp_path):
-    src = os.path.join(os.path.dirname(HERE), "src")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           os.path.join(HERE, "main_first_worker.py"), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = launch("main_first_worker.py", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = [json.loads(line) for rank in (0, 1) for line in (tmp_path / f"events_{rank}.jsonl").read_text().splitlines()]
     # rank 0 enters and leaves its block before rank 1 enters: rank 1 waited at the barrier
