@@ -127,8 +127,9 @@ def test_fsdp_checkpoint_resumes_bit_identically(state_dict_type, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("async_save", [True, False], ids=["async_save", "sync_save"])
 def test_fsdp_sharded_state_is_written_by_a_background_thread(async_save, tmp_path):
-    """async_save: every process's shards are written by DCP's thread (training goes on), the folder appears only once
-    they all are, and it holds what the synchronous save writes; async_save=False writes them on the training thread."""
+    """async_save: every process's shards are written off the training thread (by its writer's thread), and each
+    folder, renamed once they all are, verifies against a manifest listing both processes' shards; async_save=False
+    writes them on the training thread. (A resume from them is exact: test_fsdp_checkpoint_resumes_bit_identically.)"""
     from cadence.checkpoint.manifest import verify_checkpoint
 
     config = json.dumps({"state_dict_type": "SHARDED_STATE_DICT"})
