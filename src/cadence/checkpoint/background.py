@@ -82,7 +82,7 @@ class BackgroundWriter:
 
         Tensors sharing a view (tied weights) share their copy, so they are still stored once. A buffer of the
         previous save is reused when the shape and dtype match (``copy_``: no fresh allocation, no page faults).
-        Call only once the previous save is finished (:meth:`submit` waits first; its buffers are being written).
+        Call only once the previous save is collected (:meth:`wait`): its buffers are being written until then.
         """
         assert self._job is None, "snapshot() while a save is in flight would overwrite the buffers it writes"
         self._aliases: dict[tuple, torch.Tensor] = {}
@@ -141,11 +141,6 @@ class BackgroundWriter:
         self._job = _Job(Path(folder), write, self._ready)
         self._ready = None
         self._job.thread.start()
-
-    @property
-    def in_flight(self) -> Path | None:
-        """The folder of the save not yet collected by :meth:`wait` (running or finished), or None."""
-        return None if self._job is None else self._job.folder
 
     def done(self) -> bool:
         """Whether no save is running (a finished one may wait to be collected). Cheap: never blocks."""

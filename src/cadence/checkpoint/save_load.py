@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,8 +25,8 @@ from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NA
                       _takes_keyword, save_json, save_model_weights)
 from .manifest import read_trainer_state
 from .resume import ResumePoint, load_optimizer_and_scheduler, resume_point
-from .writer import (_write_error, prepare_staging, remove_incomplete, rotate_checkpoints, save_rng_state,
-                     staging_folder, write_atomically)
+from .writer import (prepare_staging, remove_incomplete, rotate_checkpoints, save_rng_state, staging_folder,
+                     staging_removed_on_error, write_atomically)
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +55,9 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     FSDP's sharded state is copied to the CPU now and written by every process's writer thread (DCP, with its
     collectives on a group of their own); the main process hands a CPU snapshot of the rest to its writer's thread,
     which writes the shards, then the other files, hashes, renames and rotates. Returns at once;
-    ``writer.wait()`` waits for the folder (on every process: for its shards). The caller passes none where
-    ``backend.saves_in_background`` is False.
+    ``writer.wait()`` waits for the folder (on every process: for its shards). The caller has collected the previous
+    save first (one in flight: the Trainer's ``_collect_save``, which also fires its ``on_save``), and passes no writer
+    where ``backend.saves_in_background`` is False.
 
     Args:
         folder: ``{output_dir}/checkpoint-{global_step}``.
@@ -78,8 +78,6 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     folder = Path(folder)
     tmp = staging_folder(folder)
     full = not args.save_only_model
-    if writer is not None:  # one save in flight; its snapshot buffers are free once it is written
-        writer.wait(reason=f"the next checkpoint ({folder.name})", stall=True)
     if args.should_save:  # every process puts its files into the staging folder first
         prepare_staging(folder)
     backend.barrier()
@@ -142,13 +140,8 @@ def _weights_from_state_dict(model: torch.nn.Module) -> bool:
 
 def _write_weights(folder: Path, model: torch.nn.Module, processing_class: Any, state_dict: dict | None) -> None:
     """The weights into the staging folder of ``folder`` now, on the training thread."""
-    tmp = staging_folder(folder)
-    try:
-        save_model_weights(model, tmp, processing_class, state_dict)
-    except (OSError, RuntimeError) as e:
-        error = _write_error(folder, tmp, e)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise error from e
+    with staging_removed_on_error(folder):
+        save_model_weights(model, staging_folder(folder), processing_class, state_dict)
 
 
 def _write_files(model: torch.nn.Module, processing_class: Any, states: dict, arguments: dict, state_text: str,

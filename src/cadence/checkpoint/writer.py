@@ -8,6 +8,7 @@ best one, and never deletes the one just written.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -55,7 +56,7 @@ def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fr
     """
     final = Path(final)
     tmp = staging_folder(final)
-    try:
+    with staging_removed_on_error(final):
         if fresh:
             shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=not fresh)
@@ -71,13 +72,22 @@ def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fr
         else:
             os.replace(tmp, final)
         _fsync_dir(final.parent)  # the rename itself survives a power cut
+    return final
+
+
+@contextlib.contextmanager
+def staging_removed_on_error(final: Path):
+    """On any error inside: the staging folder of ``final`` is removed, and an ``OSError``/``RuntimeError`` (torch.save
+    reports a full disk as one) becomes the ``OSError`` of :func:`_write_error`, naming the folder and the file."""
+    try:
+        yield
     except BaseException as e:
+        tmp = staging_folder(final)
         error = _write_error(final, tmp, e) if isinstance(e, (OSError, RuntimeError)) else None
         shutil.rmtree(tmp, ignore_errors=True)
-        if error is not None:  # torch.save reports a full disk as RuntimeError
+        if error is not None:
             raise error from e
         raise
-    return final
 
 
 def _write_error(final: Path, tmp: Path, error: BaseException) -> OSError:
@@ -119,6 +129,8 @@ def _human_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
 def prepare_staging(final: str | os.PathLike) -> Path:
     """An empty staging folder for ``final`` (the main process, before the others put files in it)."""
     tmp = staging_folder(final)
@@ -133,13 +145,9 @@ def prepare_staging(final: str | os.PathLike) -> Path:
 def save_rng_state(final: str | os.PathLike, process_index: int, world_size: int) -> None:
     """This process's RNG states into the staging folder of ``final`` (``rng_state[_{rank}].pth``)."""
     tmp = staging_folder(final)
-    try:
+    with staging_removed_on_error(Path(final)):
         tmp.mkdir(parents=True, exist_ok=True)  # a node that does not share the main process's disk
         torch.save(capture_rng_state(world_size), tmp / rng_state_name(process_index, world_size))
-    except (OSError, RuntimeError) as e:
-        error = _write_error(Path(final), tmp, e)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise error from e
 
 
 def _fsync_dir(folder: Path) -> None:
