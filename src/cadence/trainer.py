@@ -127,7 +127,7 @@ class Trainer:
             from .hyperparameter_search import call_model_init
             model = call_model_init(model_init, None)  # model_init(None) when it takes a trial, as transformers
         self.model_init = model_init
-        self.backend = Backend(args)
+        self.backend = Backend(args, model)  # a model on a device mesh (tensor parallel) sets the layout
         # skip_memory_metrics=False: the memory of __init__, train(), evaluate(), predict() (transformers' keys)
         self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics, self.backend.device)
         self._memory_tracker.start("init")
@@ -300,11 +300,12 @@ class Trainer:
         if args.train_sampling_strategy == "group_by_length":
             names = getattr(self.processing_class, "model_input_names", None)
             lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
-            global_batch = BatchLayout.from_args(args).global_batch
-            return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=args.process_index,
-                                             world_size=args.world_size)
+            global_batch = self._batch_layout(args).global_batch
+            return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=self.backend.data_parallel_rank,
+                                             world_size=self.backend.data_parallel_size)
         shuffle = args.train_sampling_strategy != "sequential"
-        return data.EpochSampler(len(dataset), shuffle, seed, args.process_index, args.world_size)
+        # one share per data-parallel rank: the processes of a tensor-parallel group read the same batches
+        return data.EpochSampler(len(dataset), shuffle, seed, self.backend.data_parallel_rank, self.backend.data_parallel_size)
 
     def _dataloader(self, dataset: Any, batch_size: int, description: str | None = None,
                     sampler: torch.utils.data.Sampler | None = None, evaluation: bool = False) -> DataLoader:
@@ -334,10 +335,11 @@ class Trainer:
                 "pass a map-style dataset (with __len__) or evaluate on one process"
             )
         if data.is_iterable_dataset(dataset) and args.world_size > 1:  # each process its share of a stream
-            dataset = data.IterableShard(dataset, batch_size, args.process_index, args.world_size, args.dataloader_drop_last)
+            dataset = data.IterableShard(dataset, batch_size, self.backend.data_parallel_rank,
+                                         self.backend.data_parallel_size, args.dataloader_drop_last)
         if evaluation and not data.is_iterable_dataset(dataset):  # dataset order over processes, padding marked
-            kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, args.process_index,
-                                                            args.world_size, kwargs.pop("drop_last"))
+            kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, self.backend.data_parallel_rank,
+                                                            self.backend.data_parallel_size, kwargs.pop("drop_last"))
             del kwargs["batch_size"]
         elif sampler is not None:
             kwargs["sampler"] = sampler
@@ -599,7 +601,7 @@ class Trainer:
         args = args or self.args
         checks.check_trainable(self.model)
         train_dataloader = self.get_train_dataloader()
-        layout = BatchLayout.from_args(args)
+        layout = self._batch_layout(args)
         max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader, layout)
         if self._created_lr_scheduler:  # a finished schedule would train at its last rate (often 0)
             self.lr_scheduler, self._created_lr_scheduler = None, False
@@ -709,7 +711,7 @@ class Trainer:
     def _window_items(self, window: list) -> torch.Tensor | None:
         """Items of one optimizer step over all processes (None when the batches carry no labels)."""
         items = loss_utils.window_items(window, self._shifts_labels)
-        return None if items is None else self.backend.reduce_sum(items.to(self.backend.device))
+        return None if items is None else self.backend.reduce_sum_data_parallel(items.to(self.backend.device))
 
     def _forward_backward(self, model: nn.Module, window: list, loop: LoopState) -> None:
         """Forward and backward of a step's micro-batches, gradients synced on the last only.
@@ -832,7 +834,7 @@ class Trainer:
     def _store_counts(self, loop: LoopState) -> None:
         """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
         self.state.num_input_tokens_seen = loop.initial_num_input_tokens_seen + int(
-            self.backend.reduce_sum(loop.tokens.total(self.backend.device)).item())
+            self.backend.reduce_sum_data_parallel(loop.tokens.total(self.backend.device)).item())
         flos = torch.tensor(loop.flos, dtype=torch.float64, device=self.backend.device)
         self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum(flos).item()
 
@@ -903,7 +905,7 @@ class Trainer:
             inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
         )
         if num_items_in_batch is not None:
-            weight = weight * self.backend.world_size  # data parallelism averages gradients over processes
+            weight = weight * self.backend.data_parallel_size  # data parallelism averages gradients over its ranks
         if torch.is_tensor(weight):
             loss = loss * weight.to(loss.dtype)  # the ratio in the loss's precision (float64 models stay exact)
         elif weight != 1.0:
@@ -1504,8 +1506,12 @@ class Trainer:
         return self.args.train_batch_size
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
-        """Samples per optimizer step over all processes: per-device batch x accumulation x processes."""
-        return BatchLayout.from_args(args).global_batch
+        """Samples per optimizer step over all processes: per-device batch x accumulation x data-parallel ranks."""
+        return self._batch_layout(args).global_batch
+
+    def _batch_layout(self, args: TrainingArguments) -> BatchLayout:
+        """The step's samples over the data-parallel ranks (a tensor-parallel group reads one batch)."""
+        return BatchLayout(args.train_batch_size, args.gradient_accumulation_steps, self.backend.data_parallel_size)
 
     def get_sp_size(self) -> int:
         """Sequence-parallel size: 1 (cadence splits data only, never sequences)."""
@@ -1516,8 +1522,8 @@ class Trainer:
         return 1
 
     def get_tp_size(self) -> int:
-        """Tensor-parallel size: 1 (cadence has no tensor parallelism)."""
-        return 1
+        """Tensor-parallel size: the model's (``tp_plan``) or ``parallelism_config``'s, else 1."""
+        return self.backend.layout.tp_size if self.backend.layout is not None else 1
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
         """The forward's mixed-precision context (the same as ``compute_loss_context_manager``)."""

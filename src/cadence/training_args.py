@@ -482,7 +482,8 @@ class TrainingArguments:
         default=None, metadata=_help("accelerate Accelerator options (dict, JSON string or file)." + _NOT_BUILT)
     )
     parallelism_config: Any | None = field(
-        default=None, metadata=_help("accelerate ParallelismConfig for tensor/context parallelism." + _NOT_BUILT)
+        default=None, metadata=_help("accelerate ParallelismConfig: dp_replicate_size x dp_shard_size x tp_size "
+                                     "(TP, FSDP x TP, HSDP); a model loaded with tp_plan sets tp_size itself.")
     )
 
     # --- Data loading ---
@@ -1078,7 +1079,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "use_liger_kernel": "Liger kernels",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "accelerator_config": "accelerator_config",
-    "parallelism_config": "tensor/context parallelism",
     "optim_target_modules": "GaLore/APOLLO target modules",
 }
 

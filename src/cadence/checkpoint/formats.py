@@ -78,6 +78,14 @@ def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, proces
     if state_dict is not None and not state_dict:
         if hasattr(getattr(model, "config", None), "save_pretrained"):
             model.config.save_pretrained(folder)
+    elif state_dict is not None and getattr(getattr(model, "config", None), "distributed_config", None) is not None:
+        # a model transformers distributed at load (tp_plan, DistributedConfig): its save_pretrained gathers the
+        # shards and waits on a barrier itself, collectives the one writing process (maybe a background thread)
+        # cannot run; the weights given are already gathered, so write them and the configs directly
+        save_safetensors_sharded(state_dict, folder)
+        model.config.save_pretrained(folder)
+        if getattr(model, "generation_config", None) is not None and hasattr(model.generation_config, "save_pretrained"):
+            model.generation_config.save_pretrained(folder)
     elif hasattr(model, "save_pretrained"):
         extra = {} if state_dict is None else {"state_dict": state_dict}
         if _takes_keyword(model.save_pretrained, "max_shard_size"):  # transformers' models; a user's may not
