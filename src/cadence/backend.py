@@ -1204,6 +1204,9 @@ def parallelism_layout(args: Any, model: torch.nn.Module | None):
         return None
     from accelerate import ParallelismConfig
 
+    if isinstance(config, dict):  # from a config file or to_dict(): its sizes and backends
+        keys = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size", "sp_backend")
+        config = ParallelismConfig(**{k: config[k] for k in keys if config.get(k) is not None})
     if config is not None and not isinstance(config, ParallelismConfig):
         raise TypeError(f"parallelism_config={config!r} is invalid: it must be an accelerate.ParallelismConfig, e.g. "
                         "ParallelismConfig(tp_size=2)")
@@ -1215,6 +1218,7 @@ def parallelism_layout(args: Any, model: torch.nn.Module | None):
     if config.sp_size > 1:
         raise ValueError(_SP_NEEDS.format(sp=config.sp_size, backend=config.sp_backend))
     world = args.world_size
+    _refuse_ddp_with_tp(config)
     if tp > 1:  # the model's own layout wins, as transformers' Trainer sets it
         distributed = getattr(getattr(model, "config", None), "distributed_config", None)
         dp = getattr(distributed, "dp_size", None) or world // tp
@@ -1234,6 +1238,7 @@ def parallelism_layout(args: Any, model: torch.nn.Module | None):
                "or set tp_size=1")
         raise ValueError(f"parallelism_config tp_size={config.tp_size} but the model's parameters are not sharded "
                          f"over a tensor-parallel mesh; {how}")
+    _refuse_ddp_with_tp(config)
     if config.total_size == 1 and world > 1:  # plain data parallelism over every process, as accelerate does
         config._set_size("dp_replicate", world)
     sizes = (f"dp_replicate_size={config.dp_replicate_size} x dp_shard_size={config.dp_shard_size} x "
@@ -1241,11 +1246,15 @@ def parallelism_layout(args: Any, model: torch.nn.Module | None):
     if config.total_size != world:
         raise ValueError(f"parallelism_config {sizes} = {config.total_size} processes, but the run has {world}: "
                          f"make the product {world} (tp_size must divide the number of processes)")
-    if config.tp_size > 1 and config.dp_replicate_size > 1 and config.dp_shard_size == 1:
-        raise ValueError(f"parallelism_config {sizes}: data-parallel replicas of a tensor-parallel model need "
-                         "sharding (DDP x TP is not supported by accelerate); use dp_shard_size="
-                         f"{config.dp_replicate_size} and dp_replicate_size=1 (FSDP x TP), or both > 1 (HSDP x TP)")
     return config
+
+
+def _refuse_ddp_with_tp(config: Any) -> None:
+    if config.tp_size > 1 and config.dp_replicate_size > 1 and config.dp_shard_size == 1:
+        raise ValueError(f"parallelism_config dp_replicate_size={config.dp_replicate_size} x tp_size={config.tp_size} "
+                         "without dp_shard_size: data-parallel replicas of a tensor-parallel model need sharding (DDP x TP "
+                         f"is not supported by accelerate); use dp_shard_size={config.dp_replicate_size} and "
+                         "dp_replicate_size=1 (FSDP x TP), or both > 1 (HSDP x TP)")
 
 
 def _accelerate_parallelism(layout: Any, args: Any) -> dict[str, Any]:

@@ -912,6 +912,8 @@ class TrainingArguments:
         d = {}
         for name in _dict_fields(type(self)):
             value = getattr(self, name)
+            if name == "parallelism_config" and value is not None:  # accelerate's dataclass, as transformers writes it
+                value = value.to_json() if hasattr(value, "to_json") else value
             if type(value) not in _ATOMS:  # most are; the rest (enums, lists, dicts, dtypes) made plain
                 value = _dtype_names(_plain(value))
             d[name] = value
