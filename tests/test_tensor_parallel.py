@@ -103,3 +103,103 @@ def test_tensor_parallel_checkpoint_resumes_bit_identically_and_on_one_process(l
     # steps 5..8 on one process from the TP run's state: the same losses as the TP run to float32 rounding
     assert logs["losses"] == pytest.approx(ref_logs["losses"], rel=1e-6, abs=0)
     assert_close_training((weights, logs), one)
+
+
+def _plain_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+
+
+@pytest.mark.parametrize("sizes, model, error, message", [
+    (dict(tp_size=2), "llama", ValueError,
+     r"tp_size=2 but the model's parameters are not sharded over a tensor-parallel mesh; load it with "
+     r"from_pretrained\(\.\.\., tp_plan='auto'\)"),
+    (dict(tp_size=2), "regression", ValueError, r"RegressionModel has no tensor-parallel plan \(no base_model_tp_plan\)"),
+    (dict(dp_replicate_size=2, tp_size=2), "llama", ValueError,
+     r"dp_replicate_size=2 x tp_size=2 without dp_shard_size: .*DDP x TP.*use dp_shard_size=2"),
+    (dict(dp_replicate_size=3), "llama", ValueError,
+     r"dp_replicate_size=3 x dp_shard_size=1 x tp_size=1 = 3 processes, but the run has 1"),
+    (dict(cp_size=2), "llama", ValueError, r"cp_size=2 \(context parallelism\) is not supported.*need CUDA"),
+    (dict(sp_size=2), "llama", ValueError, r"sp_size=2 \(sequence parallelism, sp_backend='deepspeed'\).*CUDA GPUs"),
+], ids=["tp_without_tp_plan", "model_without_plan", "ddp_x_tp", "sizes_not_world", "cp", "sp"])
+def test_bad_layouts_are_refused_before_training(sizes, model, error, message, tmp_path):
+    from accelerate import ParallelismConfig
+    from tiny import RegressionDataset, RegressionModel
+
+    from cadence import Trainer, TrainingArguments
+
+    args = TrainingArguments(str(tmp_path), parallelism_config=ParallelismConfig(**sizes), use_cpu=True,
+                             report_to="none")
+    net = _plain_llama() if model == "llama" else RegressionModel()
+    with pytest.raises(error, match=message):
+        Trainer(net, args, train_dataset=RegressionDataset())
+
+
+def test_parallelism_config_is_written_and_read_back(tmp_path):
+    """to_dict writes accelerate's to_json (as transformers does); TrainingArguments(**to_dict()) reads the sizes back:
+    a one-process layout of all ones trains as plain one-process training."""
+    from accelerate import ParallelismConfig
+    from tiny import RegressionDataset, RegressionModel
+
+    from cadence import Trainer, TrainingArguments
+
+    args = TrainingArguments(str(tmp_path), parallelism_config=ParallelismConfig(tp_size=2), report_to="none")
+    written = json.loads(args.to_json_string())["parallelism_config"]
+    assert written["tp_size"] == 2 and written["dp_shard_size"] == 1
+    again = TrainingArguments(str(tmp_path), parallelism_config={**written, "tp_size": 1}, use_cpu=True,
+                              report_to="none", max_steps=2)
+    trainer = Trainer(RegressionModel(), again, train_dataset=RegressionDataset())
+    assert trainer.backend.layout.total_size == 1 and trainer.get_tp_size() == 1
+    assert trainer.backend.data_parallel_size == 1 and trainer.backend.sharding is None
+    trainer.train()
+
+
+SHARDED = json.dumps({"state_dict_type": "SHARDED_STATE_DICT"})
+# 4 processes: the global batch stays 8 (per-process batch x GA 2 x data-parallel ranks), as the one-process run's
+FOUR = {
+    # FSDP x TP: transformers shards the model at load over a (fsdp=2, tp=2) mesh; checkpoints are DCP shards
+    "fsdp_x_tp": ["--batch", "2", "--distributed", '{"tp_size": 2, "fsdp_size": 2}', "--fsdp", "full_shard",
+                  "--config", SHARDED],
+    # HSDP: a whole model, fully_shard over parallelism_config's (dp_replicate=2, dp_shard=2) mesh
+    "hsdp": ["--batch", "1", "--layout", '{"dp_replicate_size": 2, "dp_shard_size": 2}', "--fsdp", "full_shard auto_wrap",
+             "--config", SHARDED],
+}
+
+
+@pytest.fixture(scope="module")
+def four(llama, tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name)
+            run(4, llama, out, *FOUR[name], "--save-steps", "4")
+            cache[name] = out
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, tp, mesh", [("fsdp_x_tp", 2, [2, 2]), ("hsdp", 1, [2, 2])])
+def test_two_dimensional_layouts_on_four_processes_equal_one(name, tp, mesh, one, four):
+    weights, logs = result(four(name))
+    assert logs["tp_size"] == tp and logs["data_parallel_size"] == 4 // tp and logs["mesh"] == mesh
+    assert_close_training((weights, logs), one)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fsdp_x_tp", "hsdp"])
+def test_two_dimensional_sharded_checkpoints_resume_bit_identically(name, llama, four, tmp_path):
+    """Stopped at step 4 (its DCP shards: one file per process, read back through cadence's safe reader), resumed:
+    the run ends bit-identical to the unbroken one."""
+    run(4, llama, tmp_path, *FOUR[name], "--save-steps", "4", "--stop", "4")
+    ckpt = tmp_path / "checkpoint-4"
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert {".metadata", "__0_0.distcp", "__3_0.distcp"} <= set(os.listdir(ckpt / folder))
+    run(4, llama, tmp_path, *FOUR[name], "--save-steps", "4", "--resume")
+    (weights, logs), (ref_weights, ref_logs) = result(tmp_path), result(four(name))
+    assert all(torch.equal(weights[k], v) for k, v in ref_weights.items())
+    assert logs["losses"] == ref_logs["losses"] and logs["grad_norms"] == ref_logs["grad_norms"]

@@ -336,7 +336,6 @@ def test_best_model_settings_pass_the_combination_checks():
 _ON_VALUE = {
     "include_num_input_tokens_seen": "all",
     "accelerator_config": {"split_batches": True},
-    "parallelism_config": types.SimpleNamespace(tp_size=2),
     "fsdp": "full_shard",
     "fsdp_config": {"version": 2},
     "deepspeed": {"zero_optimization": {"stage": 2}},

@@ -78,7 +78,8 @@ def main() -> None:
                        "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
                        "step": trainer.state.global_step, "tp_size": trainer.get_tp_size(),
                        "data_parallel_size": trainer.backend.data_parallel_size,
-                       "tokens": trainer.state.num_input_tokens_seen}, f)
+                       "mesh": next((list(p.device_mesh.shape) for p in trainer.model.parameters()
+                                     if hasattr(p, "device_mesh")), None)}, f)
     sys.stdout.write(f"STOPPED {args.process_index} {trainer.state.global_step}\n")
     sys.stdout.flush()
 

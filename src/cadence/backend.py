@@ -1032,6 +1032,9 @@ class _FullyShard:
     def _mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 
+        if getattr(self, "layout", None) is not None:  # parallelism_config's dp_replicate x dp_shard (HSDP)
+            mesh = self.layout.get_device_mesh(self.device.type)
+            return mesh[tuple(self.layout.fsdp_dim_names)] if self.layout.dp_replicate_enabled else mesh["dp_shard_cp"]
         world = int(os.environ.get("WORLD_SIZE", 1))
         if not getattr(self.plugin, "hybrid", False):
             return init_device_mesh(self.device.type, (world,))
@@ -1199,8 +1202,8 @@ def parallelism_layout(args: Any, model: torch.nn.Module | None):
     """
     import copy
 
-    config, tp = args.parallelism_config, model_tp_size(model)
-    if config is None and tp == 1:
+    config, tp, on_mesh = args.parallelism_config, model_tp_size(model), _has_dtensor_parameters(model)
+    if config is None and tp == 1 and not on_mesh:
         return None
     from accelerate import ParallelismConfig
 
@@ -1219,15 +1222,16 @@ def parallelism_layout(args: Any, model: torch.nn.Module | None):
         raise ValueError(_SP_NEEDS.format(sp=config.sp_size, backend=config.sp_backend))
     world = args.world_size
     _refuse_ddp_with_tp(config)
-    if tp > 1:  # the model's own layout wins, as transformers' Trainer sets it
-        distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None) if on_mesh else None
+    if tp > 1 or distributed is not None:  # the model's own layout wins, as transformers' Trainer sets it
         dp = getattr(distributed, "dp_size", None) or world // tp
         replicas = getattr(distributed, "dp_replicate_size", None) or config.dp_replicate_size
         if config.tp_size not in (1, tp):
             raise ValueError(f"parallelism_config tp_size={config.tp_size} but the model was sharded with tp_size={tp}; "
                              f"set tp_size={tp} (or leave it out: the model's is used)")
-        config.tp_handler = config.tp_handler or copy.copy(ParallelismConfig(tp_size=2).tp_handler)
-        config._set_size("tp", tp)
+        if tp > 1:
+            config.tp_handler = config.tp_handler or copy.copy(ParallelismConfig(tp_size=2).tp_handler)
+            config._set_size("tp", tp)
         config._set_size("dp_replicate", replicas)
         config._set_size("dp_shard", dp // replicas)
     elif config.tp_size > 1:
@@ -1350,13 +1354,28 @@ def _mesh_sharding(layout: Any, model: torch.nn.Module | None, plugin: Any, devi
         ValueError: ``dp_shard_size`` > 1 for a model that is not sharded, without ``fsdp`` to shard it.
     """
     if _has_dtensor_parameters(model):
+        from torch.distributed.fsdp import FSDPModule
+
+        if layout.data_parallel_size > 1 and not isinstance(model, FSDPModule):  # nothing would average its gradients
+            raise ValueError(f"the model's parameters are on a device mesh and the layout has {layout.data_parallel_size} "
+                             "data-parallel ranks, but the model is not sharded over them (FSDP2): load it with "
+                             "distributed_config=DistributedConfig(tp_size=..., fsdp_size=..., dp_replicate_size=...), "
+                             "which applies FSDP2 at load")
         sharded = plugin is not None and plugin.state_dict_type == "SHARDED_STATE_DICT"
         return _MeshParallel(layout, device, amp_dtype, sharded=sharded)
     if layout.dp_shard_size > 1 and plugin is None:
         raise ValueError(f"parallelism_config dp_shard_size={layout.dp_shard_size} shards the model with FSDP, but "
                          "fsdp is not set: set fsdp='full_shard' (or load the model sharded, with "
                          "distributed_config=DistributedConfig(fsdp_size=...))")
-    return None
+    if plugin is None:
+        return None
+    if layout.dp_shard_size == 1:
+        raise ValueError(f"fsdp is set but parallelism_config has dp_shard_size=1 (dp_replicate_size="
+                         f"{layout.dp_replicate_size}): FSDP has no dimension to shard across; set dp_shard_size > 1 "
+                         "or remove fsdp")
+    sharding = _FullyShard(plugin, device, amp_dtype)
+    sharding.layout = layout  # fully_shard over the layout's data-parallel mesh: (dp_replicate, dp_shard) is HSDP
+    return sharding
 
 
 # ---------------------------------------------------------------------------------------------- DeepSpeed
