@@ -339,10 +339,17 @@ class Backend:
         return self.accelerator.reduce(tensor, reduction="mean")
 
     def gather(self, tensor: Any) -> Any:
-        """Concatenate along dim 0 over processes, in process order."""
+        """Concatenate along dim 0 over processes, in process order (over data-parallel ranks: the processes of a
+        tensor-parallel group hold the same rows, kept once)."""
         if self.accelerator is None:
             return tensor
-        return self.accelerator.gather(tensor)
+        copies = self.world_size // self.data_parallel_size
+        gathered = self.accelerator.gather(tensor)
+        if copies == 1:
+            return gathered
+        # equal shapes on every process (accelerate's gather needs them): one block per process, the first of each group
+        return _map_tensors(lambda t: t.reshape(self.world_size, -1, *t.shape[1:])[::copies].flatten(0, 1)
+                            if t.dim() else t, gathered)
 
     def pad_across_processes(self, tensor: Any, dim: int = 1, pad_index: int = -100) -> Any:
         """Pad ``dim`` to the largest size over processes (a collective), so the tensors can be gathered."""
@@ -364,7 +371,7 @@ class Backend:
             return [obj]
         gathered: list = [None] * self.world_size
         torch.distributed.all_gather_object(gathered, obj)
-        return gathered
+        return gathered[:: self.world_size // self.data_parallel_size]  # once per tensor-parallel group
 
     def barrier(self) -> None:
         if self.accelerator is not None:
@@ -1289,9 +1296,8 @@ class _MeshParallel(_FullyShard):
         super().__init__(plugin, device, amp_dtype)
         self.layout = layout
         self.mesh = layout.get_device_mesh(device.type)
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         self.data_parallel_size = layout.data_parallel_size
-        self.data_parallel_rank = rank // layout.non_data_parallel_size  # tp innermost: a TP group is consecutive
+        self.data_parallel_rank = torch.distributed.get_rank() // layout.non_data_parallel_size  # tp innermost: a TP group is consecutive
 
     def check_model(self, model: torch.nn.Module) -> None:
         """The model's TP groups must be the mesh's: consecutive ranks (else two processes of one TP group would

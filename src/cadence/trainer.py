@@ -1139,7 +1139,7 @@ class Trainer:
         if mean is not None:
             metrics["loss"] = mean
         metrics = evaluation.prefix_metrics(metrics, metric_key_prefix)
-        num_samples = len(dataloader.dataset) if has_length(dataloader.dataset) else observed * self.backend.world_size
+        num_samples = len(dataloader.dataset) if has_length(dataloader.dataset) else observed * self.backend.data_parallel_size
         return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
 
     def _metric_inputs(self, inputs: Any, loss, logits, labels, rows: int) -> dict[str, Any]:
