@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from dist_exit import launch
+from dist_exit import assert_finished, launch
 
 DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -26,9 +26,10 @@ def llama(tmp_path_factory):
     return folder
 
 
-def run(nproc, llama, out, *extra, check=True):
+def run(nproc, llama, out, *extra):
+    """tp_worker.py on ``nproc`` processes; every one must end cleanly (its process group ended, no abort at exit)."""
     proc = launch("tp_worker.py", llama, out, *extra, nproc=nproc, timeout=900)
-    assert proc.returncode == 0 or not check, proc.stdout[-2000:] + proc.stderr[-5000:]
+    assert_finished(proc, nproc)
     return proc
 
 
@@ -67,6 +68,10 @@ def assert_close_training(got, expected, atol=1e-5):
     assert logs["grad_norms"] == pytest.approx(ref_logs["grad_norms"], rel=1e-5, abs=0)  # over every shard
     assert ref_logs["losses"][0] == pytest.approx(4.16, abs=0.05)  # ~ln(64): an untrained model, not a no-op run
     assert max(ref_logs["grad_norms"]) > 0.5  # max_grad_norm=0.5 clips: clipping is part of what is compared
+    # predict() after training: every row once (not once per TP rank), the loss over the same items
+    assert logs["predict_rows"] == ref_logs["predict_rows"] == 11
+    assert logs["predict_loss"] == pytest.approx(ref_logs["predict_loss"], rel=1e-5, abs=0)
+    assert logs["predict_logits_sum"] == pytest.approx(ref_logs["predict_logits_sum"], rel=1e-4, abs=1e-2)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-import dist_exit  # noqa: E402,F401  (faulthandler: an aborted worker prints its stacks)
+import dist_exit  # noqa: E402  (faulthandler: an aborted worker prints its stacks)
 from tiny import LMDataset, lm_collate, stop_at  # noqa: E402
 
 from cadence import Trainer, TrainingArguments  # noqa: E402
@@ -71,6 +71,7 @@ def main() -> None:
                       callbacks=[stop_at(opts.stop)] if opts.stop else [])
     trainer.train(resume_from_checkpoint=True if opts.resume else None)
     trainer.save_model(os.path.join(opts.out, "final"))
+    predicted = trainer.predict(LMDataset(11, seed=5))  # 11 rows: the last batch of the data-parallel ranks is short
     if args.process_index == 0:
         history = trainer.state.log_history
         with open(os.path.join(opts.out, "final", "losses.json"), "w") as f:
@@ -78,10 +79,14 @@ def main() -> None:
                        "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
                        "step": trainer.state.global_step, "tp_size": trainer.get_tp_size(),
                        "data_parallel_size": trainer.backend.data_parallel_size,
+                       "predict_loss": predicted.metrics["test_loss"], "predict_rows": len(predicted.predictions),
+                       "predict_logits_sum": float(predicted.predictions.sum()),
                        "mesh": next((list(p.device_mesh.shape) for p in trainer.model.parameters()
                                      if hasattr(p, "device_mesh")), None)}, f)
     sys.stdout.write(f"STOPPED {args.process_index} {trainer.state.global_step}\n")
     sys.stdout.flush()
+    del trainer
+    dist_exit.finish()  # the worker started the process group (for from_pretrained's mesh): it ends it, not exit's teardown
 
 
 if __name__ == "__main__":

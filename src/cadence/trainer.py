@@ -836,7 +836,7 @@ class Trainer:
         self.state.num_input_tokens_seen = loop.initial_num_input_tokens_seen + int(
             self.backend.reduce_sum_data_parallel(loop.tokens.total(self.backend.device)).item())
         flos = torch.tensor(loop.flos, dtype=torch.float64, device=self.backend.device)
-        self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum(flos).item()
+        self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum_data_parallel(flos).item()
 
     def _finish_training(self, loop: LoopState) -> TrainOutput:
         self._collect_save(wait=True, reason="train() returns")  # every checkpoint complete, its on_save fired
