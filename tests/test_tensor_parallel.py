@@ -208,3 +208,15 @@ def test_two_dimensional_sharded_checkpoints_resume_bit_identically(name, llama,
     (weights, logs), (ref_weights, ref_logs) = result(tmp_path), result(four(name))
     assert all(torch.equal(weights[k], v) for k, v in ref_weights.items())
     assert logs["losses"] == ref_logs["losses"] and logs["grad_norms"] == ref_logs["grad_norms"]
+
+
+@pytest.mark.slow
+def test_one_process_checkpoint_resumes_on_tensor_parallel(llama, one, tp2, tmp_path):
+    """The reverse layout change: checkpoint-4 of one process (whole weights) resumed with TP=2, each process taking
+    its shard of every tensor, continues as the TP run does."""
+    run(1, llama, tmp_path, "--batch", "4", "--save-steps", "4", "--stop", "4")
+    run(2, llama, tmp_path, "--batch", "4", "--distributed", '{"tp_size": 2}', "--save-steps", "4", "--resume")
+    weights, logs = result(tmp_path)
+    assert logs["tp_size"] == 2
+    assert logs["losses"] == pytest.approx(result(tp2)[1]["losses"], rel=1e-6, abs=0)
+    assert_close_training((weights, logs), one)
