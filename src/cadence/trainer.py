@@ -758,7 +758,7 @@ class Trainer:
     def _optimizer_step(self, loop: LoopState) -> None:
         """Clip, step (fp16 loss scaling may skip it), schedule, zero; notes the step's grad norm and learning rate."""
         params = loop.params
-        if self.args.max_grad_norm:
+        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:  # <= 0 or None: no clipping (HF)
             loop.grad_norm = self.backend.clip_grad_norm(params, self.args.max_grad_norm, self.optimizer)
         self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
         stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it

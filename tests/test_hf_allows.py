@@ -1,0 +1,66 @@
+"""What transformers.Trainer allows, cadence allows too (issue 28, points 1-8): each case runs in both libraries
+on the same tiny model and seed, and cadence's result is compared with transformers'.
+
+Tolerances: both libraries run the same AdamW (torch's) over the same batches in the same order on a CPU; they differ
+only in the order of float32 reductions (cadence sums a step's loss once over its items), so weights agree to ~1e-6;
+1e-5 absolute leaves room for that and still fails on any change of the update rule (a flipped clip, a lost decay
+moves the weights by > 1e-3 here).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+from tiny import RegressionDataset, RegressionModel
+
+import cadence
+
+transformers = pytest.importorskip("transformers")
+
+COMMON = dict(per_device_train_batch_size=4, num_train_epochs=2, learning_rate=0.05, optim="adamw_torch",
+              logging_steps=1, report_to="none", disable_tqdm=True, seed=7, use_cpu=True)
+
+
+def fit(lib, out, train_dataset=None, eval_dataset=None, callbacks=None, resume=None, **kw):
+    args = lib.TrainingArguments(output_dir=str(out), **{**COMMON, **kw})
+    trainer = lib.Trainer(RegressionModel(), args, train_dataset=train_dataset or RegressionDataset(24),
+                          eval_dataset=eval_dataset, callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def weights(trainer):
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+# --- point 1: values transformers accepts ------------------------------------------------------------------------
+@pytest.mark.parametrize("field,value,same_as", [
+    ("max_grad_norm", -1.0, 0.0),  # transformers clips only when max_grad_norm > 0
+    ("weight_decay", -0.1, None),  # odd, but transformers trains (the decay groups carry it past torch's check)
+])
+def test_odd_optimizer_values_train_like_transformers(tmp_path, caplog, field, value, same_as):
+    kw = {field: value, "save_strategy": "no"}
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        ours = weights(fit(cadence, tmp_path / "c", **kw))
+    assert any(f"{field}={value!r}" in r.getMessage() for r in caplog.records), "the odd value is not warned"
+    theirs = weights(fit(transformers, tmp_path / "h", **kw))
+    for name in theirs:
+        assert torch.allclose(ours[name], theirs[name], atol=1e-5, rtol=0), (name, ours[name], theirs[name])
+    default = weights(fit(cadence, tmp_path / "d", save_strategy="no"))  # the value changed something
+    assert max((ours[n] - default[n]).abs().max().item() for n in ours) > 1e-3
+    if same_as is not None:  # bit-identical to the value it stands for
+        same = weights(fit(cadence, tmp_path / "s", **{**kw, field: same_as}))
+        assert all(torch.equal(ours[n], same[n]) for n in ours)
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_save_total_limit_zero_or_negative_keeps_every_checkpoint(tmp_path, limit):
+    kw = dict(save_strategy="steps", save_steps=2, save_total_limit=limit)
+    fit(cadence, tmp_path / "c", **kw)
+    fit(transformers, tmp_path / "h", **kw)
+    kept = sorted(os.listdir(tmp_path / "h"))
+    assert kept == [f"checkpoint-{n}" for n in (10, 12, 2, 4, 6, 8)]  # 24 rows / 4 = 6 steps x 2 epochs, every 2nd
+    assert sorted(n for n in os.listdir(tmp_path / "c") if n.startswith("checkpoint-")) == kept
