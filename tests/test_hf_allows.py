@@ -64,3 +64,38 @@ def test_save_total_limit_zero_or_negative_keeps_every_checkpoint(tmp_path, limi
     kept = sorted(os.listdir(tmp_path / "h"))
     assert kept == [f"checkpoint-{n}" for n in (10, 12, 2, 4, 6, 8)]  # 24 rows / 4 = 6 steps x 2 epochs, every 2nd
     assert sorted(n for n in os.listdir(tmp_path / "c") if n.startswith("checkpoint-")) == kept
+
+
+# --- point 3: a callback's exception reaches the caller as itself ------------------------------------------------
+class Quota(Exception):
+    """The user's own exception type."""
+
+
+class StopAtStep(cadence.TrainerCallback):
+    def __init__(self, step, error):
+        self.step, self.error = step, error
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise self.error
+
+
+@pytest.mark.parametrize("error", [ValueError("budget spent"), Quota("quota")], ids=["ValueError", "own-type"])
+def test_a_callbacks_exception_is_raised_as_itself(tmp_path, error):
+    caught = {}
+    for lib in (transformers, cadence):
+        try:
+            fit(lib, tmp_path / lib.__name__, callbacks=[StopAtStep(3, error)], save_strategy="no")
+        except type(error) as exc:  # what `except ValueError:` around train() sees in transformers
+            caught[lib.__name__] = exc
+        error.__notes__ = []
+    assert caught["transformers"] is error and caught["cadence"] is error
+    assert "budget spent" in str(caught["cadence"]) or "quota" in str(caught["cadence"])
+
+
+def test_the_note_names_the_callback_and_the_event(tmp_path):
+    error = KeyError("missing")
+    with pytest.raises(KeyError) as info:
+        fit(cadence, tmp_path, callbacks=[StopAtStep(2, error)], save_strategy="no")
+    assert info.value is error
+    assert info.value.__notes__ == ["raised by callback StopAtStep in on_step_end"]

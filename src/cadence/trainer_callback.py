@@ -386,8 +386,7 @@ class TrainerCallback:
 _NOOPS = {event: getattr(TrainerCallback, event) for event in _EVENTS}
 
 
-class CallbackError(RuntimeError):
-    """A callback raised; the message names the callback class and the event."""
+_NOTE = "raised by callback "  # the note a callback's exception carries (one, from the innermost event)
 
 
 class CallbackHandler(TrainerCallback):
@@ -512,7 +511,8 @@ class CallbackHandler(TrainerCallback):
         Returns:
             ``control``, or the last non-None value a callback returned.
         Raises:
-            CallbackError: a callback raised; chained from its exception.
+            Exception: what a callback raised, itself (``except ValueError:`` around ``train()`` sees it, as in
+            transformers), with a note naming the callback and the event.
         """
         return self._dispatch(event, args, state, control, kwargs)
 
@@ -544,12 +544,12 @@ class CallbackHandler(TrainerCallback):
                     )
                 if result is not None:  # a callback may return a new control instead of mutating
                     control = result
-        except CallbackError:
-            raise  # raised by a nested event: that message already names the culprit
         except Exception as exc:
-            raise CallbackError(
-                f"callback {type(cb).__name__} raised in {event}: {type(exc).__name__}: {exc}"
-            ) from exc
+            # The user's own exception goes through (transformers lets it through too); a note names the culprit.
+            # A nested event (a callback that evaluates) already noted the innermost callback: that one is kept.
+            if not any(str(n).startswith(_NOTE) for n in getattr(exc, "__notes__", ())):
+                exc.add_note(f"{_NOTE}{type(cb).__name__} in {event}")
+            raise
         return control
 
     # One thin method per event; some reset the switches the event consumes (see module docstring).
