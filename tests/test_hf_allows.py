@@ -99,3 +99,19 @@ def test_the_note_names_the_callback_and_the_event(tmp_path):
         fit(cadence, tmp_path, callbacks=[StopAtStep(2, error)], save_strategy="no")
     assert info.value is error
     assert info.value.__notes__ == ["raised by callback StopAtStep in on_step_end"]
+
+
+# --- point 6: transformers' wording for a checkpoint that is not there -------------------------------------------
+@pytest.mark.parametrize("where", ["missing", "not-a-checkpoint", "true-without-checkpoint"])
+def test_a_missing_checkpoint_is_named_in_transformers_wording(tmp_path, where):
+    """Scripts and transformers' own tests match on its message: both libraries' errors contain it."""
+    os.makedirs(tmp_path / "empty")
+    resume = {"missing": str(tmp_path / "nowhere"), "not-a-checkpoint": str(tmp_path / "empty"),
+              "true-without-checkpoint": True}[where]
+    for lib in (transformers, cadence):
+        out = tmp_path / lib.__name__
+        with pytest.raises(ValueError) as info:
+            fit(lib, out, resume=resume, save_strategy="no")
+        wording = f"No valid checkpoint found in output directory ({out})" if resume is True else \
+            f"Can't find a valid checkpoint at {resume}"
+        assert wording in str(info.value), (lib.__name__, str(info.value))

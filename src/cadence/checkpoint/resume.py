@@ -56,7 +56,8 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
     if resume_from_checkpoint is True:
         found = sorted_checkpoints(output_dir) if os.path.isdir(output_dir) else []
         if not found:
-            raise ValueError(
+            raise ValueError(  # it starts with transformers' wording, which scripts and tests match on
+                f"No valid checkpoint found in output directory ({output_dir}): "
                 f"resume_from_checkpoint=True, but output_dir={str(output_dir)!r} has no complete checkpoint-N "
                 f"folder (one with {TRAINER_STATE_NAME}): train without resume_from_checkpoint, or pass a checkpoint path"
             )
@@ -74,12 +75,14 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
         )
     path = Path(resume_from_checkpoint)
     if not path.is_dir():
-        raise ValueError(
+        raise ValueError(  # it starts with transformers' wording, which scripts and tests match on
+            f"Can't find a valid checkpoint at {resume_from_checkpoint}: "
             f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a folder: pass a checkpoint-N folder, "
             "or True for the newest checkpoint in output_dir"
         )
     if not (path / TRAINER_STATE_NAME).is_file():
         raise ValueError(
+            f"Can't find a valid checkpoint at {resume_from_checkpoint}: "
             f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a complete checkpoint: it has no "
             f"{TRAINER_STATE_NAME} (written last, so either its save was interrupted or it is not a checkpoint "
             "folder); pass a checkpoint-N folder, or True for the newest complete one"
