@@ -115,3 +115,45 @@ def test_a_missing_checkpoint_is_named_in_transformers_wording(tmp_path, where):
         wording = f"No valid checkpoint found in output directory ({out})" if resume is True else \
             f"Can't find a valid checkpoint at {resume}"
         assert wording in str(info.value), (lib.__name__, str(info.value))
+
+
+# --- point 5: metric_for_best_model is looked up at the evaluation, not when the Trainer is built -----------------
+def accuracy_trainer(lib):
+    """A subclass whose evaluate adds the metric, without compute_metrics (transformers' own tests do this)."""
+    class WithAccuracy(lib.Trainer):
+        def evaluate(self, *a, **k):
+            metrics = super().evaluate(*a, **k)
+            # -loss as an "accuracy": the best one is the lowest loss, so both libraries pick the same step
+            metrics["eval_accuracy"] = -metrics["eval_loss"]
+            return metrics
+    return WithAccuracy
+
+
+BEST = dict(eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2, metric_for_best_model="accuracy",
+            load_best_model_at_end=True, greater_is_better=True)
+
+
+def test_a_metric_added_by_a_subclass_can_pick_the_best_model(tmp_path):
+    best = {}
+    for lib in (transformers, cadence):
+        args = lib.TrainingArguments(output_dir=str(tmp_path / lib.__name__), **{**COMMON, **BEST})
+        trainer = accuracy_trainer(lib)(RegressionModel(), args, train_dataset=RegressionDataset(24),
+                                        eval_dataset=RegressionDataset(8, seed=3))
+        trainer.train()
+        best[lib.__name__] = (trainer.state.best_global_step, trainer.state.best_metric)
+    assert best["cadence"][0] == best["transformers"][0] and best["cadence"][0] > 0
+    assert best["cadence"][1] == pytest.approx(best["transformers"][1], rel=1e-4)  # float32 eval loss, other order
+
+
+def test_a_metric_nobody_adds_fails_at_the_first_evaluation(tmp_path):
+    steps = {}
+    for lib in (transformers, cadence):
+        args = lib.TrainingArguments(output_dir=str(tmp_path / lib.__name__), **{**COMMON, **BEST})
+        trainer = lib.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(24),
+                              eval_dataset=RegressionDataset(8, seed=3))  # built: no error yet
+        with pytest.raises(KeyError) as info:
+            trainer.train()
+        steps[lib.__name__] = trainer.state.global_step
+        assert "accuracy" in str(info.value)
+    assert steps["cadence"] == steps["transformers"] == 2  # at the first evaluation
+    assert "eval_loss" in str(info.value)  # cadence's message names what the evaluation reported

@@ -216,7 +216,6 @@ class Trainer:
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
         checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
-        checks.check_best_metric_available(args.metric_for_best_model, self.compute_metrics, self.eval_dataset)
         checks.check_best_save_has_evaluations(args.save_strategy, args.eval_strategy)
         checks.check_best_metric_named(args)
         if args.neftune_noise_alpha:
@@ -800,8 +799,7 @@ class Trainer:
                 from . import hyperparameter_search
                 hyperparameter_search.report(self, metrics)
             if isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):
-                name = self.args.metric_for_best_model or "loss"
-                self.lr_scheduler.step(metrics[name if name.startswith("eval_") else f"eval_{name}"])
+                self.lr_scheduler.step(evaluation.best_metric_value(metrics, self.args.metric_for_best_model or "loss"))
             is_new_best = self._determine_best_metric(metrics)
             if self.args.save_strategy == "best":  # save exactly when the evaluation improved
                 self.control.should_save = is_new_best
@@ -821,6 +819,7 @@ class Trainer:
         """Update ``state.best_metric`` / ``best_global_step`` from an evaluation; True on a new best."""
         if self.args.metric_for_best_model is None:
             return False
+        # Checked here, not when the Trainer is built (as transformers): a subclass's evaluate or a callback may add it.
         value = evaluation.best_metric_value(metrics, self.args.metric_for_best_model)
         if not evaluation.is_improvement(value, self.state.best_metric, self.args.greater_is_better):
             return False
