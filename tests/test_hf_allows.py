@@ -10,11 +10,12 @@ moves the weights by > 1e-3 here).
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import pytest
 import torch
-from tiny import RegressionDataset, RegressionModel
+from tiny import RegressionDataset, RegressionModel, TokenDataset, TokenTagger, pad_collate
 
 import cadence
 
@@ -157,3 +158,40 @@ def test_a_metric_nobody_adds_fails_at_the_first_evaluation(tmp_path):
         assert "accuracy" in str(info.value)
     assert steps["cadence"] == steps["transformers"] == 2  # at the first evaluation
     assert "eval_loss" in str(info.value)  # cadence's message names what the evaluation reported
+
+
+# --- point 2: an eval set without items is evaluated, not refused -------------------------------------------------
+def test_an_empty_eval_set_gives_metrics_without_a_loss(tmp_path):
+    keys = {}
+    for lib in (transformers, cadence):
+        args = lib.TrainingArguments(output_dir=str(tmp_path / lib.__name__), **COMMON)
+        trainer = lib.Trainer(RegressionModel(), args, eval_dataset=[])  # accepted when built, as in transformers
+        metrics = trainer.evaluate(eval_dataset=[])
+        keys[lib.__name__] = set(metrics) - {"eval_model_preparation_time"}  # transformers' own timer
+        assert "eval_loss" not in metrics and metrics["eval_samples_per_second"] == 0.0
+    assert keys["cadence"] == keys["transformers"]
+
+
+class Masked(TokenDataset):
+    """Every label -100: nothing to average."""
+
+    def __getitem__(self, i):
+        row = super().__getitem__(i)
+        return {**row, "labels": torch.full_like(row["labels"], -100)}
+
+
+def test_an_eval_set_whose_labels_are_all_masked_reports_nan(tmp_path, caplog):
+    """transformers reports eval_loss=nan; so does cadence (warned once), and load_best_model_at_end goes on."""
+    losses = {}
+    for lib in (transformers, cadence):
+        args = lib.TrainingArguments(output_dir=str(tmp_path / lib.__name__), **{
+            **COMMON, "learning_rate": 1e-3, "eval_strategy": "steps", "eval_steps": 3, "save_steps": 3,
+            "load_best_model_at_end": True})
+        trainer = lib.Trainer(TokenTagger(), args, train_dataset=TokenDataset(24), eval_dataset=Masked(8),
+                              data_collator=pad_collate)
+        with caplog.at_level(logging.WARNING, logger="cadence"):
+            trainer.train()
+        losses[lib.__name__] = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    assert len(losses["cadence"]) == len(losses["transformers"]) == 4  # steps 3, 6, 9, 12
+    assert all(math.isnan(v) for v in losses["cadence"] + losses["transformers"])
+    assert sum("eval_loss is NaN" in r.getMessage() for r in caplog.records) == 1

@@ -197,7 +197,7 @@ class Trainer:
         data.check_dataset(self.train_dataset, "train_dataset")
         eval_sets = self.eval_dataset.values() if isinstance(self.eval_dataset, dict) else [self.eval_dataset]
         for ds in eval_sets:
-            data.check_dataset(ds, "eval_dataset")
+            data.check_dataset(ds, "eval_dataset", allow_empty=True)
         if args.eval_strategy != "no" and self.eval_dataset is None:
             raise ValueError(
                 f"eval_strategy={args.eval_strategy.value if hasattr(args.eval_strategy, 'value') else args.eval_strategy!r} "
@@ -363,14 +363,14 @@ class Trainer:
         cached = self._eval_dataloaders.get(key) if persistent else None
         if cached is not None and cached[0] is eval_dataset:  # the same object, not a new one at a reused id
             return cached[1]
-        data.check_dataset(eval_dataset, "eval_dataset")
+        data.check_dataset(eval_dataset, "eval_dataset", allow_empty=True)
         loader = self._dataloader(eval_dataset, self.args.eval_batch_size, description="evaluation", evaluation=True)
         if persistent:
             self._eval_dataloaders[key] = (eval_dataset, loader)
         return loader
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
-        data.check_dataset(test_dataset, "test_dataset")
+        data.check_dataset(test_dataset, "test_dataset", allow_empty=True)
         return self._dataloader(test_dataset, self.args.eval_batch_size, description="test",
                                 evaluation=True)
 
