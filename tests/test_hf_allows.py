@@ -195,3 +195,41 @@ def test_an_eval_set_whose_labels_are_all_masked_reports_nan(tmp_path, caplog):
     assert len(losses["cadence"]) == len(losses["transformers"]) == 4  # steps 3, 6, 9, 12
     assert all(math.isnan(v) for v in losses["cadence"] + losses["transformers"])
     assert sum("eval_loss is NaN" in r.getMessage() for r in caplog.records) == 1
+
+
+# --- point 4: resuming into a dataset of another length ----------------------------------------------------------
+class StopAt:
+    def __new__(cls, lib, step):
+        class Stop(lib.TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == step:
+                    control.should_training_stop = True
+        return Stop()
+
+
+def test_a_checkpoint_resumes_into_a_dataset_of_another_length_as_in_transformers(tmp_path, caplog):
+    """Stopped at step 4 of 24 rows (6 steps an epoch), resumed on 40 rows (10 steps an epoch) with other intervals:
+    transformers continues by steps (epoch 4 // 10 = 0, 4 batches skipped) to step 20; cadence too, warned."""
+    ends = {}
+    for lib in (transformers, cadence):
+        out = tmp_path / lib.__name__
+        fit(lib, out, callbacks=[StopAt(lib, 4)], save_strategy="steps", save_steps=4)
+        with caplog.at_level(logging.WARNING, logger="cadence"):
+            trainer = fit(lib, out, train_dataset=RegressionDataset(40, seed=5), resume=True, save_strategy="steps",
+                          save_steps=5, logging_steps=2)
+        ends[lib.__name__] = (trainer.state.global_step, weights(trainer))
+    assert ends["cadence"][0] == ends["transformers"][0] == 20
+    for name, value in ends["transformers"][1].items():
+        assert torch.allclose(ends["cadence"][1][name], value, atol=1e-5, rtol=0), name
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "\tlogging_steps: 2 (from args) != 1 (from trainer_state.json)" in messages  # transformers' lines
+    assert "\tsave_steps: 5 (from args) != 4 (from trainer_state.json)" in messages
+    assert "data position is approximate" in messages and "24 samples" in messages
+
+
+def test_the_checkpoints_batch_size_is_compared_in_transformers_wording(tmp_path, caplog):
+    fit(cadence, tmp_path, callbacks=[StopAt(cadence, 2)], save_strategy="steps", save_steps=2)
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        fit(cadence, tmp_path, resume=True, save_strategy="steps", save_steps=2, per_device_train_batch_size=2)
+    assert any("\n\tper_device_train_batch_size: 2 (from args) != 4 (from trainer_state.json)" in r.getMessage()
+               for r in caplog.records)
