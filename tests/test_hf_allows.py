@@ -233,3 +233,70 @@ def test_the_checkpoints_batch_size_is_compared_in_transformers_wording(tmp_path
         fit(cadence, tmp_path, resume=True, save_strategy="steps", save_steps=2, per_device_train_batch_size=2)
     assert any("\n\tper_device_train_batch_size: 2 (from args) != 4 (from trainer_state.json)" in r.getMessage()
                for r in caplog.records)
+
+
+# --- point 7: small surfaces transformers has -------------------------------------------------------------------
+def test_the_trainer_module_has_transformers_constants():
+    import transformers.trainer as theirs
+
+    import cadence.trainer as ours
+    for name in ("TRAINER_STATE_NAME", "TRAINING_ARGS_NAME", "OPTIMIZER_NAME", "SCHEDULER_NAME", "SCALER_NAME"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+
+
+@pytest.mark.parametrize("report_to,disabled", [("none", False), ("tensorboard", False), ("none", True)])
+def test_a_kubeflow_trainjob_adds_kubeflow_to_report_to(tmp_path, monkeypatch, report_to, disabled):
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://127.0.0.1:9/status")  # what the TrainJob sets
+    if disabled:
+        monkeypatch.setenv("DISABLE_KUBEFLOW_INTEGRATION", "TRUE")
+    names = {lib.__name__: lib.TrainingArguments(output_dir=str(tmp_path), report_to=report_to).report_to
+             for lib in (transformers, cadence)}
+    assert names["cadence"] == names["transformers"]
+    assert ("kubeflow" in names["cadence"]) is not disabled
+
+
+def test_unwrap_model_unwraps_a_users_data_parallel(tmp_path):
+    for lib in (transformers, cadence):
+        model = RegressionModel()
+        trainer = lib.Trainer(model, lib.TrainingArguments(output_dir=str(tmp_path), **COMMON))
+        assert trainer.accelerator.unwrap_model(torch.nn.DataParallel(model)) is model, lib.__name__
+
+
+class Seen(cadence.TrainerCallback):
+    def __init__(self):
+        self.seen = {}
+
+    def note(self, key, loader):
+        self.seen[key] = (loader.batch_size, loader.total_batch_size, len(loader.dataset))
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self.note("train", train_dataloader)
+
+    def on_evaluate(self, args, state, control, eval_dataloader=None, **kwargs):
+        self.note("eval", eval_dataloader)
+
+
+def test_the_dataloaders_have_accelerates_attributes(tmp_path):
+    seen = {}
+    for lib in (transformers, cadence):
+        callback = type("Seen", (lib.TrainerCallback,), dict(vars(Seen)))()
+        fit(lib, tmp_path / lib.__name__, eval_dataset=RegressionDataset(10), callbacks=[callback], max_steps=2,
+            eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=3, save_strategy="no")
+        seen[lib.__name__] = callback.seen
+    # transformers' loaders (accelerate's, built over a batch sampler) say batch_size=None; cadence's the batch itself
+    assert seen["transformers"] == {"train": (None, 4, 24), "eval": (None, 3, 10)}
+    assert seen["cadence"] == {"train": (4, 4, 24), "eval": (3, 3, 10)}
+
+
+def test_an_eval_dataloader_of_plain_batches_is_evaluated(tmp_path):
+    """A subclass's get_eval_dataloader may return any iterable of batches (no .dataset), as transformers allows."""
+    batches = [{"input_x": torch.linspace(-1, 1, 4) + i, "labels": 2 * torch.linspace(-1, 1, 4) + 3} for i in range(3)]
+    losses = {}
+    for lib in (transformers, cadence):
+        class Plain(lib.Trainer):
+            def get_eval_dataloader(self, eval_dataset=None):
+                return list(batches)
+        trainer = Plain(RegressionModel(a=1.0, b=0.5), lib.TrainingArguments(output_dir=str(tmp_path), **COMMON))
+        losses[lib.__name__] = trainer.evaluate()["eval_loss"]
+    # equal batches: the item-weighted mean and transformers' batch mean agree; float32 sums in another order
+    assert losses["cadence"] == pytest.approx(losses["transformers"], rel=1e-6)

@@ -33,6 +33,8 @@ from . import activation_checkpointing, data, evaluation, loss as loss_utils, ne
 from . import checks, output_guard, peft_support
 from .backend import AcceleratorView, Backend
 from .checkpoint import background, formats, manifest, save_load, signals, writer
+# transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
+from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
 from .checkpoint.resume import ResumePoint, find_resume_folder, restore_callback_states
 from .integrations import base as trackers, registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
@@ -340,7 +342,7 @@ class Trainer:
             del kwargs["batch_size"]
         elif sampler is not None:
             kwargs["sampler"] = sampler
-        return DataLoader(dataset, **kwargs)
+        return data.TrainerDataLoader(dataset, num_processes=args.world_size, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
         """The training dataloader: shuffled per epoch with ``(data_seed or seed) + epoch``, sharded by process."""
@@ -1098,13 +1100,14 @@ class Trainer:
         model.eval()
         self.callback_handler.eval_dataloader = dataloader
         logger.info(f"\n***** Running {description} *****")  # transformers' wording, which tools grep for
-        logger.info(f"  Num examples = {self.num_examples(dataloader)}" if has_length(dataloader.dataset) else "  Num examples: Unknown")
+        dataset = getattr(dataloader, "dataset", None)  # a subclass may return a plain iterable of batches
+        logger.info(f"  Num examples = {self.num_examples(dataloader)}" if has_length(dataset) else "  Num examples: Unknown")
         logger.info(f"  Batch size = {args.eval_batch_size}")
         per_batch = args.batch_eval_metrics  # compute_metrics per batch; evaluation then keeps nothing
         keep = not per_batch or description == "Prediction"  # predict() returns the predictions regardless
         is_padding = evaluation.padding_marker(dataloader)
         gather = evaluation.Gatherer(self.backend, args.eval_use_gather_object)
-        dataset_rows = len(dataloader.dataset) if isinstance(dataloader.batch_sampler, data.EvalBatchSampler) else None
+        dataset_rows = len(dataset) if isinstance(getattr(dataloader, "batch_sampler", None), data.EvalBatchSampler) else None
         collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches, dataset_rows)
         loss_mean = evaluation.ItemMean(self.backend.device)
         metrics: dict[str, float] | None = None
@@ -1136,7 +1139,7 @@ class Trainer:
         if mean is not None:
             metrics["loss"] = mean
         metrics = evaluation.prefix_metrics(metrics, metric_key_prefix)
-        num_samples = len(dataloader.dataset) if has_length(dataloader.dataset) else observed * self.backend.world_size
+        num_samples = len(dataset) if has_length(dataset) else observed * self.backend.world_size
         return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
 
     def _metric_inputs(self, inputs: Any, loss, logits, labels, rows: int) -> dict[str, Any]:

@@ -1289,6 +1289,11 @@ def _normalise_report_to(args: TrainingArguments) -> None:
         logger.info("report_to='all': reporting to %s", args.report_to)
     else:
         args.report_to = names
+    if os.getenv("KUBEFLOW_TRAINER_SERVER_URL") is not None and "kubeflow" not in args.report_to:
+        from .integrations.registry import is_installed
+
+        if is_installed("kubeflow"):  # inside a Kubeflow TrainJob progress is reported, as in transformers 5.x
+            args.report_to = [*args.report_to, "kubeflow"]
 
 
 def _convert_enums(args: TrainingArguments) -> None:
