@@ -300,3 +300,57 @@ def test_an_eval_dataloader_of_plain_batches_is_evaluated(tmp_path):
         losses[lib.__name__] = trainer.evaluate()["eval_loss"]
     # equal batches: the item-weighted mean and transformers' batch mean agree; float32 sums in another order
     assert losses["cadence"] == pytest.approx(losses["transformers"], rel=1e-6)
+
+
+# --- point 8: the order of on_save -----------------------------------------------------------------------------
+def record_events(lib, out, **kw):
+    from test_events import EVENTS
+
+    class Recorder(lib.TrainerCallback):
+        def __init__(self):
+            self.events = []
+
+    for event in EVENTS:
+        setattr(Recorder, event, lambda self, *a, _event=event, **k: self.events.append(_event))
+    recorder = Recorder()
+    fit(lib, out, eval_dataset=RegressionDataset(8, seed=3), callbacks=[recorder], **kw)
+    return recorder.events
+
+
+# 24 rows / 4: 6 steps an epoch; saves at each epoch's last step (6, 12) and at step 4, 8; evaluations every 3
+ORDER = dict(save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=3, logging_steps=2)
+
+
+def test_with_async_save_false_the_event_order_is_transformers(tmp_path):
+    theirs = record_events(transformers, tmp_path / "h", **ORDER)
+    ours = record_events(cadence, tmp_path / "c", async_save=False, **ORDER)
+    assert ours == theirs
+    assert "on_save" in ours and ours.count("on_epoch_end") == 2
+
+
+def test_with_async_save_the_last_epochs_order_is_transformers(tmp_path, monkeypatch):
+    """A background save fires on_save once its folder is complete: at the first step boundary after that (so, for a
+    slow disk, after on_epoch_end of its epoch), except at the last epoch, whose end waits (train() waits anyway)."""
+    from cadence.checkpoint import writer
+
+    real = writer.write_manifest
+
+    def slow(folder):  # a slow disk: every write is still in flight at the next step's boundary
+        import threading
+        import time
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.2)
+        real(folder)
+
+    monkeypatch.setattr(writer, "write_manifest", slow)
+    theirs = record_events(transformers, tmp_path / "h", **ORDER)
+    ours = record_events(cadence, tmp_path / "c", async_save=True, **ORDER)
+    assert ours.count("on_save") == theirs.count("on_save") == 6
+
+    def last_step(events):  # from the last step's on_step_begin: its save, on_epoch_end, the end of training
+        return events[len(events) - 1 - events[::-1].index("on_step_begin"):]
+    ours, theirs = last_step(ours), last_step(theirs)
+    # the first on_save here is step 10's, late by one step on the slow disk (fired when step 12's save begins)
+    assert ours.count("on_save") == 2 and theirs.count("on_save") == 1
+    ours.remove("on_save")
+    assert ours == theirs  # ..., on_evaluate, on_save (step 12), on_epoch_end, on_log, on_train_end

@@ -643,6 +643,7 @@ class Trainer:
         first_epoch = 0 if resume is None else resume.epoch
         ga = layout.gradient_accumulation_steps
         for epoch in range(first_epoch, num_train_epochs):  # ---- epoch
+            self._collect_save(wait=False)  # an epoch-end save already written: on_save before on_epoch_begin (HF)
             batches = self._begin_epoch(train_dataloader, epoch, resume if epoch == first_epoch else None, loop)
             while True:  # ---- optimizer step: the next `ga` batches
                 window = [b for _, b in zip(range(ga), batches)]
@@ -665,6 +666,10 @@ class Trainer:
             if batches_per_epoch is None and loop.batches_in_epoch == 0:
                 logger.warning("the training dataset yielded no batch: stopping at step %d", self.state.global_step)
                 self.control.should_training_stop = True
+            # transformers fires a save's on_save before on_epoch_end: a background save of this epoch's last step
+            # that is already written fires now; at the last epoch it is waited for (train() waits for it anyway)
+            last = epoch == num_train_epochs - 1 or self.control.should_training_stop
+            self._collect_save(wait=last, reason="the last epoch ends")
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             loop.epoch, loop.batches_in_epoch = epoch + 1, 0
             self._maybe_log_save_evaluate(loop, ignore_keys_for_eval)

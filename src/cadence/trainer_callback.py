@@ -49,6 +49,11 @@ checkpoint is written in the background, so its ``on_save`` fires once the folde
 boundary after that (just after ``on_step_end`` or ``on_epoch_end``, before that step's ``on_log``), or where something
 waits for it (the next save, the end of training: always before ``on_train_end``). Its ``state`` is the one of the
 save step (``state.global_step`` names the checkpoint), and ``control.should_save`` is cleared at the save step.
+Where transformers' order can be kept without waiting for the disk it is: a save at an epoch's last step fires
+``on_save`` before ``on_epoch_end`` when its folder is complete by then (always at the last epoch, whose end waits
+for it: the end of training waits anyway), and an epoch-end save before the next ``on_epoch_begin`` when complete by
+then. Otherwise (a mid-epoch save, or a slow disk) it fires at a later boundary: matching transformers there would mean
+waiting for every write, which is what ``async_save=False`` does (exactly transformers' order, ``test_hf_allows.py``).
 
 The handler resets switches as it dispatches: ``on_train_begin`` clears ``should_training_stop``,
 ``on_epoch_begin`` clears ``should_epoch_stop``, ``on_step_begin`` clears log/evaluate/save,
