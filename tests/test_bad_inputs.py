@@ -314,11 +314,9 @@ def arg_row(name, value, *culprits, **extra):
 ROWS = [
     # --- TrainingArguments: single values
     arg_row("learning_rate", -1.0, "-1.0"),
-    arg_row("weight_decay", -0.1, "-0.1"),
     arg_row("adam_beta1", 1.5, "1.5"),
     arg_row("adam_beta2", -0.1, "-0.1"),
     arg_row("adam_epsilon", -1e-8, "-1e-08"),
-    arg_row("max_grad_norm", -1.0, "-1.0"),
     arg_row("label_smoothing_factor", 1.0, "1.0"),
     arg_row("gradient_accumulation_steps", 0, "=0"),
     arg_row("gradient_accumulation_steps", 1.5, "1.5"),
@@ -331,7 +329,7 @@ ROWS = [
     arg_row("max_steps", 2.5, "2.5"),
     arg_row("warmup_steps", -1, "-1"),
     arg_row("warmup_steps", 2.5, "2.5"),
-    arg_row("save_total_limit", 0, "=0"),
+    arg_row("save_total_limit", 2.5, "2.5"),  # 0 and -1 keep every checkpoint, as in transformers (test_hf_allows.py)
     arg_row("eval_accumulation_steps", 0, "=0"),
     arg_row("dataloader_num_workers", -1, "-1"),
     arg_row("seed", -1, "-1"),
@@ -379,7 +377,7 @@ ROWS = [
     Row("trainer-no-model", lambda out: Trainer(None, args(out)), ValueError, ("model=", "model_init=")),
     Row("trainer-dataset-int", lambda out: fit(out, train_dataset=42), ValueError, ("train_dataset", "int")),
     Row("trainer-dataset-empty", lambda out: fit(out, train_dataset=[]), ValueError, ("train_dataset", "empty")),
-    Row("trainer-eval-dataset-empty", lambda out: fit(out, eval_dataset=[]), ValueError, ("eval_dataset", "empty")),
+    # an empty eval_dataset: accepted, evaluated to metrics without a loss, as in transformers (test_hf_allows.py)
     Row("trainer-eval-without-dataset", lambda out: fit(out, args_kw=dict(eval_strategy="steps", eval_steps=1)),
         ValueError, ("eval_strategy='steps'", "eval_dataset")),
     Row("trainer-stream-without-max-steps", lambda out: fit(out, train_dataset=Stream(RegressionDataset(8)), args_kw=dict(max_steps=-1)),
@@ -404,10 +402,7 @@ ROWS = [
         ValueError, ("logging_dir=", "notes.txt is not a folder")),
     Row("callbacks-class-needing-arguments", lambda out: fit(out, callbacks=[NeedsArgs]),
         TypeError, ("callbacks", "NeedsArgs", "instance")),
-    Row("metric-for-best-model-unobtainable",
-        lambda out: fit(out, eval_dataset=RegressionDataset(8),
-                        args_kw=dict(eval_strategy="steps", eval_steps=1, metric_for_best_model="accuracy")),
-        ValueError, ("metric_for_best_model='accuracy'", "compute_metrics=None")),
+    # metric_for_best_model without compute_metrics: accepted, a KeyError at the first evaluation (test_hf_allows.py)
     Row("save-best-without-evaluation", lambda out: fit(out, args_kw=dict(save_strategy="best")),
         ValueError, ("save_strategy='best'", "eval_strategy='no'")),
     Row("train-unknown-keyword", lambda out: Trainer(RegressionModel(), args(out), train_dataset=RegressionDataset(8))

@@ -234,14 +234,11 @@ def test_compute_metrics_error_names_itself(out_dir):
         trainer.evaluate(ClassDataset(4))
 
 
-def test_empty_eval_dataset_is_a_clear_error(out_dir):
-    with pytest.raises(ValueError, match="eval_dataset is empty"):
-        Trainer(RegressionModel(), make_args(out_dir), eval_dataset=RegressionDataset(0))
-    trainer = Trainer(RegressionModel(), make_args(out_dir))
-    with pytest.raises(ValueError, match="eval_dataset is empty"):
-        trainer.evaluate(RegressionDataset(0))
-    with pytest.raises(ValueError, match="test_dataset is empty"):
-        trainer.predict(RegressionDataset(0))
+def test_an_empty_eval_or_test_set_is_evaluated_as_in_transformers(out_dir):
+    trainer = Trainer(RegressionModel(), make_args(out_dir), eval_dataset=RegressionDataset(0))  # accepted
+    assert "eval_loss" not in trainer.evaluate()  # no batch, no loss; compared with transformers in test_hf_allows.py
+    output = trainer.predict(RegressionDataset(0))
+    assert (output.predictions, output.label_ids, output.metrics["test_samples_per_second"]) == (None, None, 0.0)
 
 
 def test_gpt2_style_lm_head_shifts_labels():

@@ -190,8 +190,7 @@ def test_resume_errors_are_clear(tmp_path):
         train(str(tmp_path / "x"), resume=str(tmp_path / "missing"))
     out = str(tmp_path / "run")
     train(out, stop=2, save_steps=2)
-    with pytest.raises(ValueError, match="another train_dataset \\(22 samples.*this run's \\(23 samples"):
-        train(out, resume=True, dataset=TokenDataset(23))  # another batch size or process count: test_resume_layout.py
+    # another dataset resumes by steps, as in transformers, warned: test_resume_layout.py, test_hf_allows.py
 
 
 def test_save_only_model_checkpoint_cannot_resume(tmp_path):

@@ -9,6 +9,8 @@ Only another dataset is refused.
 
 import logging
 import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -99,18 +101,27 @@ def test_resume_twice_after_a_batch_change_stays_on_the_order(tmp_path):
     assert last == reference[16:]
 
 
-def test_another_dataset_is_refused_naming_it(tmp_path):
+@pytest.mark.parametrize("batch", [4, 2])
+def test_another_dataset_resumes_by_steps_naming_it(tmp_path, caplog, batch):
+    """transformers' rule: epoch = global_step // this data's steps per epoch, then global_step % it steps of this
+    run's batches skipped; the sampler's order is this data's, so the rows are those of an unbroken run on it."""
+    _, _, reference = run(str(tmp_path / "full"), dataset=TokenDataset(26), per_device_train_batch_size=batch)
     out = str(tmp_path / "run")
-    run(out, stop=2)
-    with pytest.raises(ValueError, match="another train_dataset \\(24 samples.*this run's \\(26 samples.*ignore_data_skip"):
-        run(out, resume=True, dataset=TokenDataset(26))
-    with pytest.raises(ValueError, match="another train_dataset.*26 samples"):  # refused whatever the batch
-        run(out, resume=True, dataset=TokenDataset(26), per_device_train_batch_size=2)
-    _, result, _ = run(out, resume=True, dataset=TokenDataset(26), ignore_data_skip=True)  # the epoch restarts
-    assert result.global_step == 14
+    run(out, stop=2)  # 24 rows, batch 4: 8 rows trained
+    shutil.copytree(out, str(tmp_path / "again"))
+    _, result, rows = run(str(tmp_path / "again"), resume=True, dataset=TokenDataset(26), ignore_data_skip=True,
+                          per_device_train_batch_size=batch)
+    # the epoch restarts from its first batch; global_step goes on from 2 to this run's max_steps (as transformers)
+    assert result.global_step == 2 * -(-26 // batch) and len(rows) > len(reference) // 2 and rows == reference[:len(rows)]
+    with caplog.at_level(logging.WARNING):
+        _, result, rows = run(out, resume=True, dataset=TokenDataset(26), per_device_train_batch_size=batch)
+    assert rows == reference[2 * batch:]  # 2 steps of this run's batch skipped
+    assert result.global_step == 2 * -(-26 // batch)
+    assert any("another train_dataset (24 samples" in r.getMessage() and "this run's (26 samples" in r.getMessage()
+               and "data position is approximate" in r.getMessage() for r in caplog.records)
 
 
-def test_another_datasets_fingerprint_is_refused(tmp_path):
+def test_another_datasets_fingerprint_resumes_by_steps_warned(tmp_path, caplog):
     datasets = pytest.importorskip("datasets")
 
     def table(seed):
@@ -120,8 +131,10 @@ def test_another_datasets_fingerprint_is_refused(tmp_path):
 
     out = str(tmp_path / "run")
     run(out, dataset=table(0), stop=2)
-    with pytest.raises(ValueError, match="another train_dataset \\(24 samples, fingerprint [0-9a-f]+\\)"):
-        run(out, resume=True, dataset=table(5))
+    with caplog.at_level(logging.WARNING):  # resumed by steps, as in transformers, and warned
+        _, result, _ = run(out, resume=True, dataset=table(5))
+    assert result.global_step == 12
+    assert re.search(r"another train_dataset \(24 samples, fingerprint [0-9a-f]+\)", caplog.text)
     _, result, _ = run(out, resume=True, dataset=table(0))  # the same table, built again: the same fingerprint
     assert result.global_step == 12
 

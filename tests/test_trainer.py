@@ -90,9 +90,9 @@ class Boom(TrainerCallback):
 def test_callback_error_names_callback_and_event(out_dir):
     trainer = Trainer(RegressionModel(), make_args(out_dir, max_steps=4), train_dataset=RegressionDataset(16),
                       callbacks=[Boom()])
-    with pytest.raises(RuntimeError, match="Boom.*on_step_end") as info:
+    with pytest.raises(KeyError) as info:  # the callback's own exception, as transformers lets it through
         trainer.train()
-    assert isinstance(info.value.__cause__, KeyError)
+    assert info.value.__notes__ == ["raised by callback Boom in on_step_end"]
     assert trainer.state.global_step == 2
 
 

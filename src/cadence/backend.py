@@ -566,7 +566,14 @@ class AcceleratorView:
         if self._accelerator is not None:
             return self._accelerator.unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper,
                                                   keep_torch_compile=keep_torch_compile)
-        return model if keep_torch_compile else getattr(model, "_orig_mod", model)
+        compiled = getattr(model, "_orig_mod", None)
+        inner = model if compiled is None else compiled
+        while isinstance(inner, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+            inner = inner.module  # a user's own nn.DataParallel, unwrapped as accelerate unwraps it
+        if compiled is None or not keep_torch_compile:
+            return inner
+        model._orig_mod = inner
+        return model
 
     def autocast(self, autocast_handler: Any = None):
         """cadence's forward context (autocast with ``bf16``/``fp16``); a handler with ``enabled=False`` turns it off."""

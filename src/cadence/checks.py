@@ -16,9 +16,6 @@ import numpy as np
 import torch
 from torch import nn
 
-# metrics every evaluation produces without compute_metrics (the loss needs labels in the batches)
-_BUILT_IN_METRICS = ("loss", "runtime", "samples_per_second", "steps_per_second")
-
 
 def _name(obj: Any) -> str:
     return getattr(obj, "__name__", None) or type(obj).__name__
@@ -59,21 +56,6 @@ def check_optimizers(model: nn.Module, optimizer: Any, lr_scheduler: Any) -> Non
             f"optimizers=({_name(optimizer)}, ...): none of the optimizer's {len(given)} parameters belongs to the "
             f"model ({type(model).__name__}), so training would not change the model; build the optimizer from "
             "model.parameters() of the model you pass to Trainer (after model_init, if you use it: pass no optimizer)"
-        )
-
-
-def check_best_metric_available(metric: str | None, compute_metrics: Callable | None, eval_dataset: Any) -> None:
-    """``metric_for_best_model`` must be one an evaluation produces; without ``compute_metrics`` only the
-    loss (per set, ``{name}_loss``, for a dict of eval sets)."""
-    if metric is None or compute_metrics is not None:
-        return
-    bare = metric[len("eval_"):] if metric.startswith("eval_") else metric
-    sets = list(eval_dataset) if isinstance(eval_dataset, Mapping) else []
-    if bare not in _BUILT_IN_METRICS and bare not in {f"{s}_{m}" for s in sets for m in _BUILT_IN_METRICS}:
-        raise ValueError(
-            f"metric_for_best_model={metric!r} cannot be computed: compute_metrics=None, so evaluation reports only "
-            f"eval_loss (and its speed); pass compute_metrics=... returning {{{bare!r}: ...}}, or set "
-            "metric_for_best_model='loss'"
         )
 
 

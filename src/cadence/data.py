@@ -556,6 +556,8 @@ def drop_unused_columns(dataset: Any, collator: Callable, accepted: set[str] | N
                             set(columns) - set(dropped), collator, description)
         return (dataset.remove_columns(dropped) if dropped else dataset), collator
     if not is_iterable_dataset(dataset):
+        if len(dataset) == 0:  # an empty eval set: no rows, no columns to drop
+            return dataset, collator
         sample = _as_mapping(dataset[0])
         if isinstance(sample, Mapping):
             _refuse_text_inputs(sample, accepted, collator, description)
@@ -966,18 +968,47 @@ def is_iterable_dataset(dataset: Any) -> bool:
     return isinstance(dataset, IterableDataset) or (not hasattr(dataset, "__len__") and hasattr(dataset, "__iter__"))
 
 
-def check_dataset(dataset: Any, name: str) -> None:
-    """Refuse what cannot be trained on, before the first step."""
+class TrainerDataLoader(DataLoader):
+    """A ``DataLoader`` with the attributes of accelerate's prepared loaders that callbacks read: ``batch_size`` (one
+    process's, also when a batch sampler makes the batches) and ``total_batch_size`` (over all processes).
+
+    Example:
+        >>> loader = TrainerDataLoader(list(range(10)), num_processes=2, batch_size=4)
+        >>> (loader.batch_size, loader.total_batch_size, len(loader.dataset))
+        (4, 8, 10)
+    """
+
+    def __init__(self, dataset: Any, *, num_processes: int = 1, **kwargs: Any):
+        self.num_processes = num_processes
+        super().__init__(dataset, **kwargs)
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._batch_size if self._batch_size is not None else getattr(self.batch_sampler, "batch_size", None)
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:  # DataLoader.__init__ sets it (None with a batch sampler)
+        self._batch_size = value
+
+    @property
+    def total_batch_size(self) -> int | None:
+        return None if self.batch_size is None else self.batch_size * self.num_processes
+
+
+def check_dataset(dataset: Any, name: str, allow_empty: bool = False) -> None:
+    """Refuse what cannot be trained on, before the first step; ``allow_empty``: an eval or test set, which may be
+    empty (transformers evaluates it to metrics without a loss)."""
     if dataset is None:
         return
     if not is_iterable_dataset(dataset):
         if not hasattr(dataset, "__getitem__"):
             raise ValueError(f"{name} of type {type(dataset).__name__} has neither __getitem__ nor __iter__: pass a torch Dataset")
-        if len(dataset) == 0:
+        if len(dataset) == 0 and not allow_empty:
             raise ValueError(f"{name} is empty (len 0): pass a dataset with at least one sample")
 
 
 __all__ = [
+    "TrainerDataLoader",
     "EpochSampler",
     "EvalBatchSampler",
     "LengthGroupedSampler",

@@ -322,17 +322,32 @@ class ItemMean:
     def __init__(self, device: torch.device):
         self.sum = torch.zeros((), device=device, dtype=torch.float64)
         self.items = torch.zeros((), device=device, dtype=torch.float64)
+        self.batches = 0  # batches that gave a loss
 
     def add(self, batch_loss: torch.Tensor, items: torch.Tensor | int) -> None:
         items = torch.as_tensor(items, dtype=torch.float64, device=self.items.device)
         # a batch without items (every label masked) has a NaN mean: it adds nothing
         self.sum += torch.where(items > 0, batch_loss.double() * items, torch.zeros_like(self.sum))
         self.items += items
+        self.batches += 1
 
     def result(self, backend: Any) -> float | None:
-        items = backend.reduce_sum(self.items)  # collectives: every process calls them
-        total = backend.reduce_sum(self.sum)
-        return (total / items).item() if items.item() > 0 else None
+        """The mean; NaN when batches gave losses but no item was labelled (transformers reports NaN too, and
+        ``load_best_model_at_end`` needs the key); None when no batch gave a loss (an empty set, no labels)."""
+        batches = torch.tensor(float(self.batches), dtype=torch.float64, device=self.items.device)
+        total, items, batches = backend.reduce_sum(torch.stack([self.sum, self.items, batches])).tolist()  # one collective
+        if items > 0:
+            return total / items
+        if batches > 0:
+            _warn_once("every label of the evaluation set is -100 (ignored), so there is no loss to average: "
+                       "eval_loss is NaN; check the labels (or the collator that masks them)")
+            return math.nan
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    logger.warning(message)
 
 
 def call_compute_metrics(compute_metrics: Callable, outputs: dict[str, Any], compute_result: bool | None = None) -> dict:

@@ -33,6 +33,8 @@ from . import activation_checkpointing, data, evaluation, loss as loss_utils, ne
 from . import checks, output_guard, peft_support
 from .backend import AcceleratorView, Backend
 from .checkpoint import background, formats, manifest, save_load, signals, writer
+# transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
+from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
 from .checkpoint.resume import ResumePoint, find_resume_folder, restore_callback_states
 from .integrations import base as trackers, registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
@@ -197,7 +199,7 @@ class Trainer:
         data.check_dataset(self.train_dataset, "train_dataset")
         eval_sets = self.eval_dataset.values() if isinstance(self.eval_dataset, dict) else [self.eval_dataset]
         for ds in eval_sets:
-            data.check_dataset(ds, "eval_dataset")
+            data.check_dataset(ds, "eval_dataset", allow_empty=True)
         if args.eval_strategy != "no" and self.eval_dataset is None:
             raise ValueError(
                 f"eval_strategy={args.eval_strategy.value if hasattr(args.eval_strategy, 'value') else args.eval_strategy!r} "
@@ -216,7 +218,6 @@ class Trainer:
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
         checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
-        checks.check_best_metric_available(args.metric_for_best_model, self.compute_metrics, self.eval_dataset)
         checks.check_best_save_has_evaluations(args.save_strategy, args.eval_strategy)
         checks.check_best_metric_named(args)
         if args.neftune_noise_alpha:
@@ -343,7 +344,7 @@ class Trainer:
             del kwargs["batch_size"]
         elif sampler is not None:
             kwargs["sampler"] = sampler
-        return DataLoader(dataset, **kwargs)
+        return data.TrainerDataLoader(dataset, num_processes=args.world_size, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
         """The training dataloader: shuffled per epoch with ``(data_seed or seed) + epoch``, sharded by process."""
@@ -366,14 +367,14 @@ class Trainer:
         cached = self._eval_dataloaders.get(key) if persistent else None
         if cached is not None and cached[0] is eval_dataset:  # the same object, not a new one at a reused id
             return cached[1]
-        data.check_dataset(eval_dataset, "eval_dataset")
+        data.check_dataset(eval_dataset, "eval_dataset", allow_empty=True)
         loader = self._dataloader(eval_dataset, self.args.eval_batch_size, description="evaluation", evaluation=True)
         if persistent:
             self._eval_dataloaders[key] = (eval_dataset, loader)
         return loader
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
-        data.check_dataset(test_dataset, "test_dataset")
+        data.check_dataset(test_dataset, "test_dataset", allow_empty=True)
         return self._dataloader(test_dataset, self.args.eval_batch_size, description="test",
                                 evaluation=True)
 
@@ -644,6 +645,7 @@ class Trainer:
         first_epoch = 0 if resume is None else resume.epoch
         ga = layout.gradient_accumulation_steps
         for epoch in range(first_epoch, num_train_epochs):  # ---- epoch
+            self._collect_save(wait=False)  # an epoch-end save already written: on_save before on_epoch_begin (HF)
             batches = self._begin_epoch(train_dataloader, epoch, resume if epoch == first_epoch else None, loop)
             while True:  # ---- optimizer step: the next `ga` batches
                 window = [b for _, b in zip(range(ga), batches)]
@@ -666,6 +668,10 @@ class Trainer:
             if batches_per_epoch is None and loop.batches_in_epoch == 0:
                 logger.warning("the training dataset yielded no batch: stopping at step %d", self.state.global_step)
                 self.control.should_training_stop = True
+            # transformers fires a save's on_save before on_epoch_end: a background save of this epoch's last step
+            # that is already written fires now; at the last epoch it is waited for (train() waits for it anyway)
+            last = epoch == num_train_epochs - 1 or self.control.should_training_stop
+            self._collect_save(wait=last, reason="the last epoch ends")
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             loop.epoch, loop.batches_in_epoch = epoch + 1, 0
             self._maybe_log_save_evaluate(loop, ignore_keys_for_eval)
@@ -760,7 +766,7 @@ class Trainer:
     def _optimizer_step(self, loop: LoopState) -> None:
         """Clip, step (fp16 loss scaling may skip it), schedule, zero; notes the step's grad norm and learning rate."""
         params = loop.params
-        if self.args.max_grad_norm:
+        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:  # <= 0 or None: no clipping (HF)
             loop.grad_norm = self.backend.clip_grad_norm(params, self.args.max_grad_norm, self.optimizer)
         self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
         stepped = self.backend.optimizer_step(self.optimizer)  # False: loss scaling skipped it
@@ -802,8 +808,7 @@ class Trainer:
                 from . import hyperparameter_search
                 hyperparameter_search.report(self, metrics)
             if isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):
-                name = self.args.metric_for_best_model or "loss"
-                self.lr_scheduler.step(metrics[name if name.startswith("eval_") else f"eval_{name}"])
+                self.lr_scheduler.step(evaluation.best_metric_value(metrics, self.args.metric_for_best_model or "loss"))
             is_new_best = self._determine_best_metric(metrics)
             if self.args.save_strategy == "best":  # save exactly when the evaluation improved
                 self.control.should_save = is_new_best
@@ -823,6 +828,7 @@ class Trainer:
         """Update ``state.best_metric`` / ``best_global_step`` from an evaluation; True on a new best."""
         if self.args.metric_for_best_model is None:
             return False
+        # Checked here, not when the Trainer is built (as transformers): a subclass's evaluate or a callback may add it.
         value = evaluation.best_metric_value(metrics, self.args.metric_for_best_model)
         if not evaluation.is_improvement(value, self.state.best_metric, self.args.greater_is_better):
             return False
@@ -1101,13 +1107,14 @@ class Trainer:
         model.eval()
         self.callback_handler.eval_dataloader = dataloader
         logger.info(f"\n***** Running {description} *****")  # transformers' wording, which tools grep for
-        logger.info(f"  Num examples = {self.num_examples(dataloader)}" if has_length(dataloader.dataset) else "  Num examples: Unknown")
+        dataset = getattr(dataloader, "dataset", None)  # a subclass may return a plain iterable of batches
+        logger.info(f"  Num examples = {self.num_examples(dataloader)}" if has_length(dataset) else "  Num examples: Unknown")
         logger.info(f"  Batch size = {args.eval_batch_size}")
         per_batch = args.batch_eval_metrics  # compute_metrics per batch; evaluation then keeps nothing
         keep = not per_batch or description == "Prediction"  # predict() returns the predictions regardless
         is_padding = evaluation.padding_marker(dataloader)
         gather = evaluation.Gatherer(self.backend, args.eval_use_gather_object)
-        dataset_rows = len(dataloader.dataset) if isinstance(dataloader.batch_sampler, data.EvalBatchSampler) else None
+        dataset_rows = len(dataset) if isinstance(getattr(dataloader, "batch_sampler", None), data.EvalBatchSampler) else None
         collected = evaluation.Collector(args.eval_accumulation_steps, args.eval_do_concat_batches, dataset_rows)
         loss_mean = evaluation.ItemMean(self.backend.device)
         metrics: dict[str, float] | None = None
@@ -1139,7 +1146,7 @@ class Trainer:
         if mean is not None:
             metrics["loss"] = mean
         metrics = evaluation.prefix_metrics(metrics, metric_key_prefix)
-        num_samples = len(dataloader.dataset) if has_length(dataloader.dataset) else observed * self.backend.data_parallel_size
+        num_samples = len(dataset) if has_length(dataset) else observed * self.backend.data_parallel_size
         return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
 
     def _metric_inputs(self, inputs: Any, loss, logits, labels, rows: int) -> dict[str, Any]:

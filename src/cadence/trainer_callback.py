@@ -49,6 +49,11 @@ checkpoint is written in the background, so its ``on_save`` fires once the folde
 boundary after that (just after ``on_step_end`` or ``on_epoch_end``, before that step's ``on_log``), or where something
 waits for it (the next save, the end of training: always before ``on_train_end``). Its ``state`` is the one of the
 save step (``state.global_step`` names the checkpoint), and ``control.should_save`` is cleared at the save step.
+Where transformers' order can be kept without waiting for the disk it is: a save at an epoch's last step fires
+``on_save`` before ``on_epoch_end`` when its folder is complete by then (always at the last epoch, whose end waits
+for it: the end of training waits anyway), and an epoch-end save before the next ``on_epoch_begin`` when complete by
+then. Otherwise (a mid-epoch save, or a slow disk) it fires at a later boundary: matching transformers there would mean
+waiting for every write, which is what ``async_save=False`` does (exactly transformers' order, ``test_hf_allows.py``).
 
 The handler resets switches as it dispatches: ``on_train_begin`` clears ``should_training_stop``,
 ``on_epoch_begin`` clears ``should_epoch_stop``, ``on_step_begin`` clears log/evaluate/save,
@@ -386,8 +391,7 @@ class TrainerCallback:
 _NOOPS = {event: getattr(TrainerCallback, event) for event in _EVENTS}
 
 
-class CallbackError(RuntimeError):
-    """A callback raised; the message names the callback class and the event."""
+_NOTE = "raised by callback "  # the note a callback's exception carries (one, from the innermost event)
 
 
 class CallbackHandler(TrainerCallback):
@@ -512,7 +516,8 @@ class CallbackHandler(TrainerCallback):
         Returns:
             ``control``, or the last non-None value a callback returned.
         Raises:
-            CallbackError: a callback raised; chained from its exception.
+            Exception: what a callback raised, itself (``except ValueError:`` around ``train()`` sees it, as in
+            transformers), with a note naming the callback and the event.
         """
         return self._dispatch(event, args, state, control, kwargs)
 
@@ -544,12 +549,12 @@ class CallbackHandler(TrainerCallback):
                     )
                 if result is not None:  # a callback may return a new control instead of mutating
                     control = result
-        except CallbackError:
-            raise  # raised by a nested event: that message already names the culprit
         except Exception as exc:
-            raise CallbackError(
-                f"callback {type(cb).__name__} raised in {event}: {type(exc).__name__}: {exc}"
-            ) from exc
+            # The user's own exception goes through (transformers lets it through too); a note names the culprit.
+            # A nested event (a callback that evaluates) already noted the innermost callback: that one is kept.
+            if not any(str(n).startswith(_NOTE) for n in getattr(exc, "__notes__", ())):
+                exc.add_note(f"{_NOTE}{type(cb).__name__} in {event}")
+            raise
         return control
 
     # One thin method per event; some reset the switches the event consumes (see module docstring).

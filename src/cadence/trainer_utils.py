@@ -407,6 +407,41 @@ def estimate_mfu(total_flos: float, seconds: float, device: Any, world_size: int
     return total_flos / max(1, world_size) / seconds / peak
 
 
+def compare_trainer_and_checkpoint_args(training_args: Any, trainer_state: Any) -> list[str]:
+    """Warn about the intervals and the batch size that differ from a checkpoint's ``trainer_state.json``, in
+    transformers' wording (``save_steps: 10 (from args) != 5 (from trainer_state.json)``): the resumed run goes on
+    with this run's values.
+
+    Args:
+        training_args: this run's ``TrainingArguments``.
+        trainer_state: the checkpoint's ``TrainerState``.
+
+    Returns:
+        The lines warned about (empty when everything agrees).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> compare_trainer_and_checkpoint_args(NS(logging_steps=1, eval_steps=None, save_steps=10, n_gpu=1,
+        ...     per_device_train_batch_size=4), NS(logging_steps=1, eval_steps=5, save_steps=5, train_batch_size=4))
+        ['save_steps: 10 (from args) != 5 (from trainer_state.json)']
+    """
+    lines = []
+    for name in ("logging_steps", "eval_steps", "save_steps"):
+        ours, saved = getattr(training_args, name, None), getattr(trainer_state, name, None)
+        if ours is not None and saved is not None and ours != saved:
+            lines.append(f"{name}: {ours} (from args) != {saved} (from trainer_state.json)")
+    saved_batch = getattr(trainer_state, "train_batch_size", None)
+    if saved_batch is not None:  # the state's batch is of all the process's devices (transformers' n_gpu)
+        saved_batch //= max(1, getattr(training_args, "n_gpu", 1))
+        if training_args.per_device_train_batch_size != saved_batch:
+            lines.append(f"per_device_train_batch_size: {training_args.per_device_train_batch_size} (from args) != "
+                         f"{saved_batch} (from trainer_state.json)")
+    if lines:
+        logger.warning("Warning: The following arguments do not match the ones in the `trainer_state.json` within "
+                       "the checkpoint directory: " + "".join(f"\n\t{line}" for line in lines))
+    return lines
+
+
 def has_length(dataset: Any) -> bool:
     """Whether `len(dataset)` works (iterable datasets and some wrappers raise instead)."""
     try:
@@ -630,6 +665,7 @@ def default_hp_space_ray(trial: Any) -> dict[str, Any]:
 
 
 __all__ = [
+    "compare_trainer_and_checkpoint_args",
     "PREFIX_CHECKPOINT_DIR",
     "RemoveColumnsCollator",
     "check_target_module_exists",

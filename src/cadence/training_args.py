@@ -657,6 +657,7 @@ class TrainingArguments:
         # 4. Single values.
         _check_finite(self)
         _check_value_rules(self)
+        _warn_odd_values(self)
         _check_choices(self)
         _check_step_intervals(self)
         # 5. Combinations.
@@ -1029,11 +1030,12 @@ def _is_seed(v: Any) -> bool:
 # field -> (is_valid, what it must be, how to fix it)
 _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "learning_rate": (_at_least(0), ">= 0", "pass a positive learning rate such as 5e-5"),
-    "weight_decay": (_at_least(0), ">= 0", "pass 0.0 for no decay or a small value such as 0.01"),
+    "weight_decay": (_is_number, "a number", "pass 0.0 for no decay or a small value such as 0.01"),
     "adam_beta1": (_in_unit_interval, "in [0, 1)", "the usual value is 0.9"),
     "adam_beta2": (_in_unit_interval, "in [0, 1)", "the usual value is 0.999"),
     "adam_epsilon": (_at_least(0), ">= 0", "the usual value is 1e-8"),
-    "max_grad_norm": (_at_least(0, optional=True), ">= 0 (0 or None: no clipping)", "pass 1.0, or 0 to disable"),
+    "max_grad_norm": (lambda v: v is None or _is_number(v), "a number (<= 0 or None: no clipping)",
+                      "pass 1.0, or 0 to disable"),
     "label_smoothing_factor": (_in_unit_interval, "in [0, 1)", "pass 0.0 to disable or a small value such as 0.1"),
     "gradient_accumulation_steps": (_at_least(1, integer=True), "an integer >= 1", "pass 1 for no accumulation"),
     "per_device_train_batch_size": (_at_least(1, integer=True), "an integer >= 1", "pass a batch size such as 8"),
@@ -1050,7 +1052,8 @@ _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
         "pass e.g. warmup_steps=100 or warmup_steps=0.1",
     ),
     "eval_delay": (_at_least(0), ">= 0", "pass 0 to allow evaluation from the start"),
-    "save_total_limit": (_at_least(1, True, True), "None or an integer >= 1", "pass None to keep every checkpoint"),
+    "save_total_limit": (lambda v: v is None or _is_int(v), "None or an integer (<= 0: no limit)",
+                         "pass None to keep every checkpoint"),
     "neftune_noise_alpha": (_at_least(0, optional=True), "None or >= 0", "pass None to add no noise, or e.g. 5.0"),
     "torch_empty_cache_steps": (_at_least(1, True, True), "None or an integer >= 1", "pass None to never empty it"),
     "eval_accumulation_steps": (_at_least(1, True, True), "None or an integer >= 1", "pass None to keep all"),
@@ -1058,6 +1061,13 @@ _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "dataloader_prefetch_factor": (_at_least(1, True, True), "None or an integer >= 1", "pass None or e.g. 2"),
     "seed": (_is_seed, "an integer in [0, 2**32)", "pass a seed such as 42"),
     "data_seed": (lambda v: v is None or _is_seed(v), "None or an integer in [0, 2**32)", "pass None to use seed"),
+}
+
+# field -> (is it odd?, what cadence does with it): values transformers accepts that usually are a slip; warned.
+_ODD_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "weight_decay": (lambda v: v < 0, "weights grow instead of decaying (transformers accepts it too)"),
+    "max_grad_norm": (lambda v: v is not None and v < 0, "gradients are not clipped, as with 0"),
+    "save_total_limit": (lambda v: v is not None and v <= 0, "every checkpoint is kept, as with None"),
 }
 
 # field -> the accepted values (fields that are plain strings, not enums, in HF).
@@ -1281,6 +1291,11 @@ def _normalise_report_to(args: TrainingArguments) -> None:
         logger.info("report_to='all': reporting to %s", args.report_to)
     else:
         args.report_to = names
+    if os.getenv("KUBEFLOW_TRAINER_SERVER_URL") is not None and "kubeflow" not in args.report_to:
+        from .integrations.registry import is_installed
+
+        if is_installed("kubeflow"):  # inside a Kubeflow TrainJob progress is reported, as in transformers 5.x
+            args.report_to = [*args.report_to, "kubeflow"]
 
 
 def _convert_enums(args: TrainingArguments) -> None:
@@ -1344,6 +1359,13 @@ def _check_value_rules(args: TrainingArguments) -> None:
         value = getattr(args, name)
         if not is_valid(value):
             raise _invalid(name, value, rule, fix)
+
+
+def _warn_odd_values(args: TrainingArguments) -> None:
+    for name, (is_odd, effect) in _ODD_VALUES.items():
+        value = getattr(args, name)
+        if is_odd(value):
+            logger.warning("%s=%r: %s", name, value, effect)
 
 
 def _check_choices(args: TrainingArguments) -> None:

@@ -16,9 +16,10 @@ Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
 - A checkpoint written by another number of processes, per-device batch size or accumulation is
   resumed as transformers allows: the position is recomputed from the samples the saving run had
   trained in its epoch (its batches x its per-device batch x its processes), rounded down to a whole
-  batch of this run, with a warning that the run is no longer bit-identical to an unbroken one. Only
-  another dataset (its length, or a ``datasets`` fingerprint, differs from the saved one) is refused,
-  unless ``ignore_data_skip=True`` restarts the checkpoint's epoch.
+  batch of this run, with a warning that the run is no longer bit-identical to an unbroken one. Another
+  dataset (its length, or a ``datasets`` fingerprint, differs from the saved one) is resumed by steps, as
+  transformers resumes (epoch = global_step // this data's steps per epoch, the rest skipped), with a warning
+  that the data position is approximate; ``ignore_data_skip=True`` starts the epoch from its first batch.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
     if resume_from_checkpoint is True:
         found = sorted_checkpoints(output_dir) if os.path.isdir(output_dir) else []
         if not found:
-            raise ValueError(
+            raise ValueError(  # it starts with transformers' wording, which scripts and tests match on
+                f"No valid checkpoint found in output directory ({output_dir}): "
                 f"resume_from_checkpoint=True, but output_dir={str(output_dir)!r} has no complete checkpoint-N "
                 f"folder (one with {TRAINER_STATE_NAME}): train without resume_from_checkpoint, or pass a checkpoint path"
             )
@@ -74,12 +76,14 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
         )
     path = Path(resume_from_checkpoint)
     if not path.is_dir():
-        raise ValueError(
+        raise ValueError(  # it starts with transformers' wording, which scripts and tests match on
+            f"Can't find a valid checkpoint at {resume_from_checkpoint}: "
             f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a folder: pass a checkpoint-N folder, "
             "or True for the newest checkpoint in output_dir"
         )
     if not (path / TRAINER_STATE_NAME).is_file():
         raise ValueError(
+            f"Can't find a valid checkpoint at {resume_from_checkpoint}: "
             f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a complete checkpoint: it has no "
             f"{TRAINER_STATE_NAME} (written last, so either its save was interrupted or it is not a checkpoint "
             "folder); pass a checkpoint-N folder, or True for the newest complete one"
@@ -147,9 +151,10 @@ def _epoch_batches(num_samples: int, batch: int, world: int, drop_last: bool) ->
     return share // batch if drop_last else -(-share // batch)
 
 
-def _check_same_data(folder: Path, loop: dict, identity: dict, expected_batches: int | None) -> None:
-    """Refuse a checkpoint written on other data: its saved length/fingerprint (or, for checkpoints that
-    predate them, its batches per epoch: ``expected_batches`` for this data in its layout) must match."""
+def _data_changed(folder: Path, loop: dict, identity: dict, expected_batches: int | None) -> bool:
+    """Whether a checkpoint was written on other data: its saved length/fingerprint (or, for checkpoints that
+    predate them, its batches per epoch: ``expected_batches`` for this data in its layout) differs. Warns when it
+    does: the resume then goes on by steps, as transformers resumes (:func:`resume_point`)."""
     saved_n, saved_fp = loop.get("num_samples"), loop.get("fingerprint")
     n, fp = identity.get("num_samples"), identity.get("fingerprint")
     if saved_n is None and loop.get("batches_per_epoch") not in (None, expected_batches):
@@ -164,11 +169,13 @@ def _check_same_data(folder: Path, loop: dict, identity: dict, expected_batches:
     changed = (saved_n is not None and n is not None and saved_n != n) or other_fp
     if changed:
         what = f"{saved_n} samples" if isinstance(saved_n, int) else (saved_n or "the same length")
-        raise ValueError(
-            f"checkpoint {folder} was trained on another train_dataset ({what}, fingerprint {saved_fp}) than this "
-            f"run's ({n} samples, fingerprint {fp}): its data position means nothing here; resume with the same "
-            "train_dataset, or set ignore_data_skip=True to restart the checkpoint's epoch from its first batch"
-        )
+        logger.warning(
+            "checkpoint %s was trained on another train_dataset (%s, fingerprint %s) than this run's (%s samples, "
+            "fingerprint %s): resuming by steps as transformers does (epoch = global_step // steps per epoch of this "
+            "data, then the rest of the steps' batches skipped), so the data position is approximate and the run is "
+            "not the one that was checkpointed; resume with the same train_dataset for an exact resume, or set "
+            "ignore_data_skip=True to start the epoch from its first batch", folder, what, saved_fp, n, fp)
+    return changed
 
 
 def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any, layout: BatchLayout,
@@ -187,10 +194,8 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         identity: this run's data identity (``loop_state.data_identity``).
 
     A checkpoint written with another per-device batch, accumulation or number of processes
-    continues after the samples that run trained (logged as a warning: not bit-identical).
-
-    Raises:
-        ValueError: the checkpoint was trained on another dataset.
+    continues after the samples that run trained (logged as a warning: not bit-identical); one written on another
+    dataset continues by steps, as transformers does (warned: the data position is approximate).
     """
     loop = json.loads((folder / LOOP_STATE_NAME).read_text()) if (folder / LOOP_STATE_NAME).exists() else None
     saved_args, identity = saved_args or {}, identity or {}
@@ -207,16 +212,22 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     if not same_layout and batches_per_epoch is not None and identity.get("num_samples") is not None:
         saved_epoch_batches = _epoch_batches(identity["num_samples"], saved.train_batch_size, saved.world_size,
                                              args.dataloader_drop_last)
-    if loop is not None and not args.ignore_data_skip:
-        _check_same_data(folder, loop, identity, saved_epoch_batches)
+    other_data = loop is not None and not args.ignore_data_skip and _data_changed(folder, loop, identity,
+                                                                                  saved_epoch_batches)
+    if loop is not None and not args.ignore_data_skip and not other_data:
         epoch, skip = loop["epoch"], loop["batches_in_epoch"]
     elif batches_per_epoch is None:  # a stream: its trained batches cannot be skipped, only read again
         epoch, skip = 0, 0 if args.ignore_data_skip else global_step * saved.gradient_accumulation_steps
+    elif other_data:  # transformers' rule in this run's layout: the saved position is of other data
+        steps_per_epoch = layout.steps_per_epoch(batches_per_epoch)
+        epoch = global_step // steps_per_epoch
+        skip = (global_step % steps_per_epoch) * layout.gradient_accumulation_steps
+        saved = layout  # nothing to rescale: the position is already in this run's batches
     else:  # transformers' rule: whole optimizer steps of ga batches into the epoch (of the saving run's layout)
         steps_per_epoch = saved.steps_per_epoch(saved_epoch_batches)
         epoch = global_step // steps_per_epoch
         skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * saved.gradient_accumulation_steps
-    if not same_layout:
+    if saved != layout:
         skip = _rescale_position(folder, skip, saved, layout, args, epoch, saved_epoch_batches, batches_per_epoch)
     stream_state = None
     if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():

@@ -19,6 +19,7 @@ import torch
 
 from .. import output_guard, peft_support
 from ..trainer_callback import ExportableState, TrainerState
+from ..trainer_utils import compare_trainer_and_checkpoint_args
 from .background import BackgroundWriter
 from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
                       TRAINER_STATE_NAME, TRAINING_ARGS_JSON, TRAINING_ARGS_NAME, load_training_args, safe_load,
@@ -197,7 +198,7 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         The :class:`ResumePoint`: its ``start_epoch`` continues the data where it stopped.
 
     Raises:
-        ValueError: the checkpoint holds weights only, or was trained on another dataset.
+        ValueError: the checkpoint holds weights only.
     """
     folder = Path(folder)
     saved_args = load_training_args(folder) or {}
@@ -213,6 +214,7 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
         saved.best_model_checkpoint = None
     saved_batch_size = saved.train_batch_size
+    compare_trainer_and_checkpoint_args(args, saved)  # this run's intervals and batch go on: said as transformers does
     for name in _RUN_FIELDS:
         setattr(saved, name, getattr(state, name))
     for field in dataclasses.fields(state):

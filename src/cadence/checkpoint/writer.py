@@ -188,7 +188,7 @@ def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: s
 
     Returns the deleted folders.
     """
-    if not limit:
+    if limit is None or limit <= 0:  # transformers: None or <= 0 keeps every checkpoint
         return []
     earlier = {Path(p).resolve() for p in earlier}
     own = [c for c in sorted_checkpoints(output_dir) if c.resolve() not in earlier]
