@@ -25,9 +25,10 @@ Checks:
    global_step* folder, ZeRO-3 also a consolidated model.safetensors
    (stage3_gather_16bit_weights_on_model_save); a run resumed from it ends at the same loss (rel 1e-3).
 8. host syncs (issue 31): 50 bf16 steps under ``torch.cuda.set_sync_debug_mode("warn")``, logging every 10,
-   evaluating and saving every 25: every "synchronizing CUDA operation" warning counted per step (a step's count
-   covers its log, evaluation and save), with where it came from; PASS when only logging/evaluation/saving steps
-   (and the set-up before step 1, and step 1) synchronise.
+   evaluating and saving every 25 (and 20 steps of gradient accumulation 2, logging every 10): every
+   "synchronizing CUDA operation" warning counted per step (from one ``on_step_begin`` to the next, so a step's
+   count covers its log, evaluation and save, and the next step's work before its ``on_step_begin``), with where
+   it came from; PASS when only logging/evaluation/saving steps (and the set-up, and step 1) synchronise.
 9. background-save timing (issue 31): a 25M-parameter model saved every 10 steps, with ``async_save`` and without:
    the time training was blocked per save (the gap after a save step minus the median gap), how many steps the
    background write overlapped, the device time of the step after a save (the snapshot's copies share the
@@ -383,11 +384,11 @@ def check_deepspeed(fp32, stage):
 SYNC_WARNING = "synchronizing CUDA operation"  # the text of torch.cuda.set_sync_debug_mode("warn")'s warnings
 
 
-def check_host_syncs():
+def check_host_syncs(ga: int = 1):
     """50 bf16 steps, a log every 10, an evaluation and a save every 25, under the sync debug mode: every warning is
     attributed to the step it came in (from that step's ``on_step_begin`` to the next one's, so a step's log,
     evaluation and save count as its own), with the line that synchronised and the cadence line above it."""
-    steps, log_every, every = 50, 10, 25
+    steps, log_every, every = (50, 10, 25) if ga == 1 else (20, 10, 25)
     per_step: dict = {}
     current = ["setup"]
 
@@ -406,8 +407,9 @@ def check_host_syncs():
         per_step.setdefault(current[0], Counter())[where] += 1
 
     kw = dict(max_steps=steps, logging_steps=log_every, eval_strategy="steps", eval_steps=every,
-              save_strategy="steps", save_steps=every, bf16=True, per_device_eval_batch_size=8)
-    trainer = Trainer(TinyLM(), args("syncs", **kw), train_dataset=Tokens(), eval_dataset=Tokens(32, seed=1),
+              save_strategy="steps", save_steps=every, bf16=True, per_device_eval_batch_size=8,
+              per_device_train_batch_size=8 // ga, gradient_accumulation_steps=ga)
+    trainer = Trainer(TinyLM(), args(f"syncs_ga{ga}", **kw), train_dataset=Tokens(), eval_dataset=Tokens(32, seed=1),
                       data_collator=collate, callbacks=[Clock()])
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -426,7 +428,7 @@ def check_host_syncs():
                        for s, c in sorted(unexpected.items())[:3])
     at_allowed = {s: dict(c.most_common(4)) for s, c in per_step.items() if s in allowed}
     total = sum(counts.values())
-    report("host syncs (sync debug mode)", not unexpected,
+    report("host syncs (sync debug mode)" + (f", GA {ga}" if ga > 1 else ""), not unexpected,
            f"{total} sync warnings over {steps} steps, per step {counts or 'none'}; at steps not logging, evaluating "
            f"or saving: {len(unexpected)} steps{' (' + sample + ')' if sample else ''}",
            {"per_step": counts, "unexpected_steps": sorted(map(str, unexpected)),
@@ -658,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         "tf32/empty_cache": (check_tf32_and_cache, f"{needs_cuda} (tf32 and the CUDA cache)"),
         "async_save": (check_async_save, None),
         "syncs": (check_host_syncs, None),
+        "syncs_ga2": (lambda: check_host_syncs(ga=2), None),  # the step's item count is summed before its first micro-batch
         "save_timing": (check_save_timing, None),
         "memory": (check_memory_metrics, None),
         "liger": (check_liger, None),

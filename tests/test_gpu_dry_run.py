@@ -34,10 +34,10 @@ def test_gpu_run_dry_run_on_cpu(tmp_path):
     assert "=== checks: exit 0" in log and "=== bench: exit 0" in log
 
     checks = {c["name"]: c for c in data["checks"]["checks"]}
-    assert len(checks) == 12 and {c["status"] for c in checks.values()} == {"SKIP"}
+    assert len(checks) == 13 and {c["status"] for c in checks.values()} == {"SKIP"}
     ran = {name for name, c in checks.items() if c["detail"].startswith("(dry run on CPU")}
     assert ran == {"bf16 autocast tracks fp32", "async_save snapshot on CUDA", "host syncs (sync debug mode)",
-                   "background save timing", "memory metrics vs torch.cuda"}
+                   "host syncs (sync debug mode), GA 2", "background save timing", "memory metrics vs torch.cuda"}
     timing = checks["background save timing"]["numbers"]
     for mode in ("async", "sync"):  # the saves at 10, 20 and 30, each followed by a step, measured
         assert sorted(timing[mode]["blocked"], key=int) == ["10", "20", "30"]
@@ -53,4 +53,4 @@ def test_gpu_run_dry_run_on_cpu(tmp_path):
     assert {(r["variant"], r["ratio"]) for r in bench["ratios"]} == {
         ("eager", "cadence/hf tokens/s"), ("eager", "cadence/plain tokens/s"), ("eager", "cadence/hf save blocked"),
         ("compiled", "cadence/hf tokens/s"), ("compiled", "cadence/plain tokens/s")}
-    assert data["summary"]["failed_checks"] == [] and data["summary"]["check_counts"] == {"SKIP": 12}
+    assert data["summary"]["failed_checks"] == [] and data["summary"]["check_counts"] == {"SKIP": 13}
