@@ -90,6 +90,8 @@ def build(case: str, out_dir: str, max_steps: int, save_steps: int | None):
 
     tok = tokenizer()
     common = dict(COMMON, output_dir=out_dir, max_steps=max_steps)
+    if case.endswith("_fp32"):  # TRL's configs default to bf16 where the device has it (CPUs do)
+        case, common["bf16"] = case[: -len("_fp32")], False
     if save_steps:
         common.update(save_strategy="steps", save_steps=save_steps)
     data = Dataset.from_list(rows(case))
@@ -99,8 +101,14 @@ def build(case: str, out_dir: str, max_steps: int, save_steps: int | None):
         return trl.SFTTrainer(model=model(tok), args=args, train_dataset=data, processing_class=tok)
     if case.startswith("dpo"):
         args = trl.DPOConfig(**common, max_length=64, beta=0.1)
-        ref = model(tok) if case == "dpo_ref" else None
-        return trl.DPOTrainer(model=model(tok), ref_model=ref, args=args, train_dataset=data, processing_class=tok)
+        if case == "dpo_ref":
+            return trl.DPOTrainer(model=model(tok), ref_model=model(tok, seed=1), args=args, train_dataset=data,
+                                  processing_class=tok)
+        # no reference model: DPO loads a second copy from the policy's folder
+        folder = os.path.join(out_dir, "initial_model")
+        model(tok).save_pretrained(folder)
+        tok.save_pretrained(folder)
+        return trl.DPOTrainer(model=folder, args=args, train_dataset=data, processing_class=tok)
     if case == "reward":
         args = trl.RewardConfig(**common, max_length=64)
         return trl.RewardTrainer(model=model(tok, "reward"), args=args, train_dataset=data, processing_class=tok)

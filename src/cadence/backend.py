@@ -36,6 +36,7 @@ import functools
 import gc
 import logging
 import os
+import sys
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -153,6 +154,8 @@ class Backend:
             self.device = self.accelerator.device
         else:
             self.device = args.device
+            if "accelerate" in sys.modules:  # a library built on it is in use (TRL calls accelerate's set_seed, which
+                accelerate_state(args)  # reads AcceleratorState); a plain run does not pay accelerate's import
         self._args = args
         self.timeout_s = args.ddp_timeout
         self.process_index = args.process_index
@@ -665,7 +668,12 @@ def accelerate_state(args: Any):
     from accelerate.state import AcceleratorState
 
     process_state(args)  # the process group with the run's options, before AcceleratorState reuses it
-    return AcceleratorState(cpu=args.use_cpu)
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    # _from_accelerator: accelerate refuses to build it outside an Accelerator, which one process here never makes
+    from accelerate.utils import TorchDynamoPlugin
+
+    return AcceleratorState(cpu=args.use_cpu, mixed_precision=precision, dynamo_plugin=TorchDynamoPlugin(),
+                            _from_accelerator=True)
 
 
 def main_process_first(args: Any, local: bool = True):
