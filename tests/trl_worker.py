@@ -2,7 +2,8 @@
 
     python tests/trl_worker.py CASE OUT_DIR [--cadence] [--max-steps N] [--resume]
 
-Writes ``OUT_DIR/result.pt``: ``{"losses": [(step, key, value), ...], "weights": {name: tensor}}``. With
+Writes ``OUT_DIR/result.pt``: ``{"losses": [(step, key, value), ...], "weights": {name: tensor}}`` (every number
+the run logged, timings included; the test picks what to compare). With
 ``--cadence``, ``cadence.patch_transformers()`` runs before trl is imported, so every TRL class is built on cadence.
 Everything is local: a word-level tokenizer built here (chat template set by hand), Llama models from configs,
 ``datasets.Dataset.from_list`` data.
@@ -46,6 +47,15 @@ def model(tok, kind: str = "causal", seed: int = 0):
     torch.manual_seed(seed)
     cls = LlamaForSequenceClassification if kind == "reward" else LlamaForCausalLM
     return cls(config)
+
+
+def saved(tok, out_dir: str) -> str:
+    """The initial model in a folder: trainers that build a reference model (DPO without one, RLOO, KTO) load it
+    from the policy's path."""
+    folder = os.path.join(out_dir, "initial_model")
+    model(tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
 
 
 def sentence(i: int, n: int = 5) -> str:
@@ -105,23 +115,20 @@ def build(case: str, out_dir: str, max_steps: int, save_steps: int | None):
             return trl.DPOTrainer(model=model(tok), ref_model=model(tok, seed=1), args=args, train_dataset=data,
                                   processing_class=tok)
         # no reference model: DPO loads a second copy from the policy's folder
-        folder = os.path.join(out_dir, "initial_model")
-        model(tok).save_pretrained(folder)
-        tok.save_pretrained(folder)
-        return trl.DPOTrainer(model=folder, args=args, train_dataset=data, processing_class=tok)
+        return trl.DPOTrainer(model=saved(tok, out_dir), args=args, train_dataset=data, processing_class=tok)
     if case == "reward":
         args = trl.RewardConfig(**common, max_length=64)
         return trl.RewardTrainer(model=model(tok, "reward"), args=args, train_dataset=data, processing_class=tok)
     if case in ("grpo", "rloo"):
         config, trainer = (trl.GRPOConfig, trl.GRPOTrainer) if case == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
         args = config(**common, num_generations=2, max_completion_length=6, generation_batch_size=4)
-        return trainer(model=model(tok), reward_funcs=toy_reward, args=args, train_dataset=data,
+        return trainer(model=saved(tok, out_dir), reward_funcs=toy_reward, args=args, train_dataset=data,
                        processing_class=tok)
     if case == "kto":
         args = trl.KTOConfig(**common, max_length=64)
-        return trl.KTOTrainer(model=model(tok), args=args, train_dataset=data, processing_class=tok)
+        return trl.KTOTrainer(model=saved(tok, out_dir), args=args, train_dataset=data, processing_class=tok)
     if case == "distillation":
-        args = trl.DistillationConfig(**common, max_completion_length=6, max_length=64)
+        args = trl.DistillationConfig(**common, max_completion_length=6)
         return trl.DistillationTrainer(model=model(tok), teacher_model=model(tok, seed=1), args=args,
                                        train_dataset=data, processing_class=tok)
     raise ValueError(f"unknown case {case!r}")
@@ -151,7 +158,7 @@ def main() -> None:
         assert isinstance(trainer, cadence.Trainer), type(trainer).__mro__
     trainer.train(resume_from_checkpoint=True if opts.resume else None)
     losses = [(h["step"], k, float(v)) for h in trainer.state.log_history for k, v in h.items()
-              if k == "loss" or k.startswith(("rewards/", "logps/", "logits/", "kl", "reward"))]
+              if isinstance(v, (int, float)) and k != "step"]
     weights = {k: v.detach().float().clone() for k, v in trainer.model.state_dict().items()}
     torch.save({"losses": losses, "weights": weights}, os.path.join(opts.out_dir, "result.pt"))
 
