@@ -236,3 +236,163 @@ def test_cadence_run_trl_sft_script_writes_transformers_files(tmp_path):
 
     theirs, ours = load_file(outputs["hf"] / "model.safetensors"), load_file(outputs["cadence"] / "model.safetensors")
     assert max((theirs[k] - ours[k]).abs().max().item() for k in theirs) <= TOL
+
+
+# ---------------------------------------------------------------- the Trainer surface TRL reaches for (in this process,
+# on cadence directly: no patch)
+
+
+def tiny_args(out, **kw):
+    from cadence import TrainingArguments
+
+    return TrainingArguments(str(out), **{**dict(max_steps=4, per_device_train_batch_size=4, learning_rate=0.1,
+                                                 report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True,
+                                                 logging_steps=1), **kw})
+
+
+def test_config_subclass_extends_valid_dict_fields(tmp_path):
+    """TRL's configs extend ``_VALID_DICT_FIELDS``; their dict fields arrive from the command line as JSON strings
+    and are parsed as transformers parses them (strings "true"/"3" typed)."""
+    import dataclasses
+
+    import transformers
+
+    import cadence
+
+    parsed = {}
+    for base in (transformers.TrainingArguments, cadence.TrainingArguments):
+        @dataclasses.dataclass
+        class Config(base):
+            _VALID_DICT_FIELDS = base._VALID_DICT_FIELDS + ["model_init_kwargs"]
+            model_init_kwargs: dict | str | None = None
+
+        args = Config(str(tmp_path / base.__module__), model_init_kwargs='{"dtype": "float32", "flag": "true", "n": "3"}',
+                      lr_scheduler_kwargs='{"power": "2.5"}', report_to=[])
+        parsed[base.__module__] = (args.model_init_kwargs, args.lr_scheduler_kwargs)
+    assert parsed["cadence.training_args"] == parsed["transformers.training_args"] == (
+        {"dtype": "float32", "flag": True, "n": 3}, {"power": 2.5})
+    assert cadence.TrainingArguments._VALID_DICT_FIELDS == transformers.TrainingArguments._VALID_DICT_FIELDS
+
+
+def test_prepare_inputs_override_calling_super_is_entered_once_per_batch(tmp_path):
+    from tiny import RegressionDataset, RegressionModel
+
+    import cadence
+
+    class Counting(cadence.Trainer):
+        calls = 0
+
+        def _prepare_inputs(self, inputs):
+            Counting.calls += 1
+            return super()._prepare_inputs(inputs)  # TRL's pattern: the recursion must not come back here
+
+    Counting(RegressionModel(), tiny_args(tmp_path), train_dataset=RegressionDataset(16)).train()
+    assert Counting.calls == 4
+
+
+def test_prepare_inputs_may_collate_the_batch(tmp_path):
+    """GRPO's pattern: an identity collator hands ``_prepare_inputs`` a list of rows, which it turns into the batch;
+    the batch is checked after ``_prepare_inputs``, so the list is not refused."""
+    from tiny import RegressionDataset, RegressionModel
+
+    import cadence
+    from cadence.data import default_data_collator
+
+    class Collating(cadence.Trainer):
+        def _prepare_inputs(self, rows):
+            assert isinstance(rows, list) and isinstance(rows[0], dict)
+            return super()._prepare_inputs(default_data_collator(rows))
+
+    trainer = Collating(RegressionModel(), tiny_args(tmp_path, remove_unused_columns=False),
+                        train_dataset=RegressionDataset(16), data_collator=lambda rows: rows)
+    reference = cadence.Trainer(RegressionModel(), tiny_args(tmp_path / "ref"), train_dataset=RegressionDataset(16))
+    assert trainer.train().training_loss == reference.train().training_loss
+
+
+def test_set_signature_columns_override_keeps_its_columns(tmp_path):
+    """TRL's SFT/DPO/Reward keep columns the model's forward does not name (``seq_lengths``, ``chosen_ids``) by
+    overriding ``_set_signature_columns_if_needed``: cadence removes only the columns outside that list."""
+    import datasets
+    from tiny import RegressionModel
+
+    import cadence
+
+    rows = [{"input_x": float(i), "labels": 2.0 * i + 3, "weight": 1.0, "junk": "x"} for i in range(8)]
+    seen = []
+
+    class KeepsWeight(cadence.Trainer):
+        def _set_signature_columns_if_needed(self):
+            if self._signature_columns is None:
+                self._signature_columns = ["input_x", "labels", "weight"]
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            seen.append(sorted(inputs))
+            inputs = dict(inputs)
+            weight = inputs.pop("weight")
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return loss * weight.mean()
+
+    KeepsWeight(RegressionModel(), tiny_args(tmp_path), train_dataset=datasets.Dataset.from_list(rows)).train()
+    assert seen and all(keys == ["input_x", "labels", "weight"] for keys in seen)
+
+
+def test_accelerator_surface_on_one_process(tmp_path):
+    import accelerate
+    import accelerate.utils
+    from tiny import RegressionDataset, RegressionModel
+
+    import cadence
+
+    trainer = cadence.Trainer(RegressionModel(), tiny_args(tmp_path), train_dataset=RegressionDataset(16))
+    accelerate.utils.set_seed(5, device_specific=True)  # TRL's call: needs an initialised AcceleratorState
+    after = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(3))  # one process: process index 0 added to the seed
+    accelerator = trainer.accelerator
+    assert accelerator.state.deepspeed_plugin is None and accelerator.parallelism_config is None
+    assert trainer.args.distributed_state.num_processes == 1 and trainer.args.deepspeed_plugin is None
+    reference = RegressionModel()
+    assert accelerator.prepare_model(reference, evaluation_mode=True) is reference
+    assert accelerator.prepare(reference) is reference
+    accelerator.even_batches = False
+    assert accelerator.even_batches is False
+    accelerator.dataloader_config.dispatch_batches = False  # GRPO sets it
+    assert trainer._get_output_dir(trial=None) == trainer.args.output_dir and trainer.push_in_progress is None
+
+
+def test_two_argument_save_checkpoint_and_optimizer_load_overrides_are_honoured(tmp_path):
+    """TRL overrides ``_save_checkpoint(model, trial)`` (transformers' two arguments) and GRPO
+    ``_load_optimizer_and_scheduler(checkpoint)``; both are called, and a resume through them stays exact."""
+    import shutil as _shutil
+
+    from tiny import RegressionDataset, RegressionModel
+
+    import cadence
+
+    calls = []
+
+    class TrlStyle(cadence.Trainer):
+        def _save_checkpoint(self, model, trial):
+            calls.append(("save", self.state.global_step))
+            super()._save_checkpoint(model, trial)
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            super()._load_optimizer_and_scheduler(checkpoint)
+            calls.append(("load", os.path.basename(checkpoint)))
+
+    def run(out, resume=None):
+        trainer = TrlStyle(RegressionModel(), tiny_args(out, save_strategy="steps", save_steps=2, max_steps=4,
+                                                        async_save=False),
+                           train_dataset=RegressionDataset(32))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    unbroken = run(tmp_path / "a")
+    assert calls == [("save", 2), ("save", 4)]
+    (tmp_path / "b").mkdir()
+    _shutil.copytree(tmp_path / "a" / "checkpoint-2", tmp_path / "b" / "checkpoint-2")
+    calls.clear()
+    resumed = run(tmp_path / "b", resume=True)
+    assert calls == [("load", "checkpoint-2"), ("save", 4)]
+    for (name, a), b in zip(unbroken.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -33,7 +33,7 @@ from . import activation_checkpointing, data, evaluation, loss as loss_utils, ne
 from . import checks, output_guard, peft_support
 from .backend import AcceleratorView, Backend
 from .checkpoint import background, formats, manifest, save_load, signals, writer
-from .checkpoint.resume import ResumePoint, find_resume_folder, restore_callback_states
+from .checkpoint.resume import ResumePoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
 from .integrations import base as trackers, registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
 from .memory_metrics import TrainerMemoryTracker
@@ -74,6 +74,20 @@ def _state_at_save(state: TrainerState) -> TrainerState:
     saved = copy.copy(state)
     saved.log_history = list(state.log_history)
     return saved
+
+
+class _Uploads:
+    """transformers' ``PushInProgress``: the futures of one push to the Hub."""
+
+    def __init__(self, jobs: list):
+        self.jobs = jobs
+
+    def is_done(self) -> bool:
+        return all(job.done() for job in self.jobs)
+
+    def wait_until_done(self) -> None:
+        for job in self.jobs:
+            job.result()
 
 
 class Trainer:
@@ -568,7 +582,7 @@ class Trainer:
             self.optimizer = self.lr_scheduler = None
         if resume_from_checkpoint is not None:
             logger.info("resuming from %s", resume_from_checkpoint)
-            self.backend.load_model_weights(self.model, resume_from_checkpoint)
+            self._load_from_checkpoint(resume_from_checkpoint)
         if self.args.activation_checkpointing:  # as transformers: on from train() on (enabling twice is harmless)
             how = activation_checkpointing.enable(self.backend.unwrap(self.model), self.args.activation_checkpointing_kwargs)
             logger.info("activation checkpointing on, through %s", how)
@@ -655,6 +669,8 @@ class Trainer:
         resume = None
         if resume_from_checkpoint is not None:
             resume = save_load.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
+            if type(self)._load_optimizer_and_scheduler is not Trainer._load_optimizer_and_scheduler:
+                self._load_optimizer_and_scheduler(resume_from_checkpoint)  # a subclass's own state (TRL's GRPO)
             self._load_callback_state()
         for handler_attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, handler_attr, getattr(self, handler_attr))
@@ -835,7 +851,7 @@ class Trainer:
             if self.args.save_strategy == "best":  # save exactly when the evaluation improved
                 self.control.should_save = is_new_best
         if self.control.should_save:
-            self._save_checkpoint(self.model_wrapped, loop_state=loop)
+            self._save_checkpoint(self.model_wrapped, None)  # transformers' call: TRL overrides it as (model, trial)
             if self._unannounced_save is None:  # written: on_save now
                 self.control = self.callback_handler.on_save(self.args, self.state, self.control)
             else:  # on_save fires once the folder is complete (_collect_save); the request is served as at once
@@ -1235,8 +1251,12 @@ class Trainer:
         Args:
             model: the model being trained (its unwrapped module is what is saved).
             trial: unused (transformers' signature).
-            loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume.
+            loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume;
+                default: the running ``train()``'s, so an override with transformers' ``(model, trial)`` that calls
+                ``super()`` saves it too.
         """
+        if loop_state is None and self.is_in_train:
+            loop_state = self._loop
         self._collect_save(wait=True, reason="the next checkpoint", stall=True)  # one in flight; the best exists below
         args = self.args
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -1310,6 +1330,30 @@ class Trainer:
                 "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
                 "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
                 "stream": data.stateful_stream(self.callback_handler.train_dataloader)}
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Load the weights of a checkpoint folder into ``model`` (default ``self.model``): safetensors or
+        ``weights_only`` files, sharded, PEFT adapters (transformers' method; ``train()`` resumes through it)."""
+        self.backend.load_model_weights(model if model is not None else self.model, resume_from_checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Load the optimizer's and scheduler's states of a checkpoint folder (transformers' method). A resume
+        restores them with everything else; a subclass's override is called after that, to load its own files."""
+        if checkpoint is None:
+            return
+        load_optimizer_and_scheduler(Path(checkpoint), self.optimizer, self.lr_scheduler, functools.partial(
+            self.backend.load_optimizer_state, self.model_wrapped, self.optimizer))
+
+    def _get_output_dir(self, trial: Any = None) -> str:
+        """The folder this run's checkpoints go to: ``args.output_dir`` (a hyperparameter-search trial's
+        arguments already name its ``run-{id}`` folder)."""
+        return self.args.output_dir
+
+    @property
+    def push_in_progress(self):
+        """The Hub upload still running from the last push (``.is_done()``), or None (transformers' attribute)."""
+        jobs = [job for job, _ in self.hub_repo.in_flight] if self.hub_repo is not None else []
+        return _Uploads(jobs) if jobs else None
 
     def _load_callback_state(self) -> None:
         """With ``restore_callback_states_from_checkpoint``: rebuild the stateful callbacks and the
