@@ -672,6 +672,10 @@ def accelerate_state(args: Any):
     # _from_accelerator: accelerate refuses to build it outside an Accelerator, which one process here never makes
     from accelerate.utils import TorchDynamoPlugin
 
+    shared = AcceleratorState._shared_state
+    if shared and (shared.get("_mixed_precision") != precision or shared.get("device") != args.device):
+        # an earlier run in this process set it otherwise; transformers resets it for each run's arguments too
+        AcceleratorState._reset_state()
     return AcceleratorState(cpu=args.use_cpu, mixed_precision=precision, dynamo_plugin=TorchDynamoPlugin(),
                             _from_accelerator=True)
 
