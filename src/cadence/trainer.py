@@ -194,6 +194,7 @@ class Trainer:
         )
         self.control = TrainerControl()
         self.hub_repo = None  # the Hub repository pushes go to (push_to_hub=True, or after a push_to_hub() call)
+        self.hub_model_id = None  # its id, once created (transformers' attribute: TRL's model card reads it)
         if args.push_to_hub:  # created now: a missing token or an unreachable Hub shows before any training
             self._start_hub_pushes()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
