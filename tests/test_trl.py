@@ -126,7 +126,7 @@ def python(code: str, *args: str, cwd: str | None = None, timeout: int = 300) ->
                           timeout=timeout, cwd=cwd)
 
 
-def test_patch_points_transformers_names_at_cadence():
+def test_patch_points_transformers_names_at_cadence(tmp_path):
     proc = python("""
         import transformers.trainer_callback as early_module  # transformers' classes, imported before the patch
         from transformers import EarlyStoppingCallback as TheirEarlyStopping
@@ -165,7 +165,7 @@ def test_patch_points_transformers_names_at_cadence():
         assert trainer.state.global_step == 3, trainer.state.global_step
         print("OK")
     """.replace("import torch, tiny", f"import sys, torch; sys.path.insert(0, {HERE!r}); import tiny"),
-        "out", cwd=None)
+        str(tmp_path / "out"), cwd=str(tmp_path))
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-4000:]
 
 
