@@ -89,8 +89,8 @@ def patch_transformers() -> None:
     ``.trainer_callback``, ``.trainer_utils``, ``.trainer_pt_utils``, ``.trainer_seq2seq`` and
     ``.training_args_seq2seq``, for every name cadence has (``Trainer``, ``TrainingArguments``, ``Seq2Seq*``,
     ``TrainerCallback``, ``TrainerState``, ``TrainerControl``, the callbacks, ``set_seed``, ``EvalPrediction``, ...).
-    Calling it again does nothing. transformers' callbacks imported before it (``EarlyStoppingCallback``,
-    ``WandbCallback``) still work as callbacks.
+    Calling it again does nothing. transformers' callbacks imported before it (``EarlyStoppingCallback``)
+    still work as callbacks: the callback handler calls any object's ``on_*`` methods.
 
     Raises:
         RuntimeError: a module outside transformers (``trl.trainer.sft_trainer``, a script's ``__main__``) already
