@@ -126,6 +126,7 @@ def python(code: str, *args: str, cwd: str | None = None, timeout: int = 300) ->
                           timeout=timeout, cwd=cwd)
 
 
+@pytest.mark.slow  # fresh processes importing transformers (and trl): over 20 s on the shared CPUs
 def test_patch_points_transformers_names_at_cadence(tmp_path):
     proc = python("""
         import transformers.trainer_callback as early_module  # transformers' classes, imported before the patch
@@ -169,6 +170,7 @@ def test_patch_points_transformers_names_at_cadence(tmp_path):
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-4000:]
 
 
+@pytest.mark.slow  # fresh processes importing transformers (and trl): over 20 s on the shared CPUs
 def test_patch_after_trl_import_names_the_modules():
     proc = python("""
         import trl.trainer.sft_trainer  # built on transformers' Trainer before the patch
@@ -185,6 +187,7 @@ def test_patch_after_trl_import_names_the_modules():
     assert "before importing" in message and "cadence run" in message
 
 
+@pytest.mark.slow  # fresh processes importing transformers (and trl): over 20 s on the shared CPUs
 def test_cadence_run_gives_the_script_its_argv(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
