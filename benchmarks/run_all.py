@@ -6,7 +6,8 @@
 Rows: (1) tiny MLP and (2) small GPT-2 training, (3) a pretrained MiniLM fine-tuned on real text
 (skipped, saying why, when the model package is not installed: see README.md), (4) evaluation of a
 large-output GPT-2, (5) import time and time to the first step, and issue 21's checkpoint rows: how long
-training waits at a save (cadence vs transformers) and a run saving every 3 steps vs none.
+training waits at a save (cadence vs transformers) and a run saving every 3 steps vs none; issue 27's row: TRL's
+SFT and DPO trained through transformers' Trainer and through cadence's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_checkpoint  # noqa: E402
 import bench_eval  # noqa: E402
 import bench_import  # noqa: E402
+import bench_libraries  # noqa: E402
 import bench_loop  # noqa: E402
 import common  # noqa: E402
 
@@ -33,7 +35,8 @@ logger = logging.getLogger(__name__)
 ROW_NUMBER = {"mlp": "(1)", "gpt2": "(2)", "minilm": "(3)", "eval": "(4)", "startup": "(5)"}
 
 
-def summary(loop: dict, eval_checks: list, import_checks: list, checkpoint_checks: list) -> str:
+def summary(loop: dict, eval_checks: list, import_checks: list, checkpoint_checks: list,
+            library_checks: list = ()) -> str:
     """One line per promise and row: what is promised, what was measured, PASS/MISS (or skipped)."""
     rows = [[ROW_NUMBER.get(name, ""), name, promise, measured, verdict]
             for name, promise, measured, verdict in bench_loop.checks(loop["results"])]
@@ -43,6 +46,7 @@ def summary(loop: dict, eval_checks: list, import_checks: list, checkpoint_check
     rows += [[ROW_NUMBER["eval"], *c] for c in eval_checks]
     rows += [[ROW_NUMBER["startup"], *c] for c in import_checks]
     rows += [["#21", *c] for c in checkpoint_checks]
+    rows += [["#27", *c] for c in library_checks]
     return common.format_table(["row", "benchmark", "promise", "measured (medians)", "result"], rows)
 
 
@@ -68,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
         eval_checks = bench_eval.checks(bench_eval.main(["--quick"] if a.quick else []))
     print("\n## (#21) time training waits at a save")
     checkpoint_checks = bench_checkpoint.checks(bench_checkpoint.main(["--quick"] if a.quick else []))
+    print("\n## (#27) TRL's SFT and DPO on transformers' Trainer and on cadence")
+    library_checks = bench_libraries.checks(bench_libraries.main(["--repeats", "2" if a.quick else "5"]))
     print("\n## summary")
-    print(summary(loop, eval_checks, bench_import.checks(times), checkpoint_checks))
+    print(summary(loop, eval_checks, bench_import.checks(times), checkpoint_checks, library_checks))
     print(f"\ntotal {time.perf_counter() - t0:.0f}s, load {os.getloadavg()[0]:.2f} "
           "(other jobs on a shared machine add noise; compare ratios within one run)")
 

@@ -45,6 +45,7 @@ _EXPORTS = {
         "get_linear_schedule_with_warmup", "get_polynomial_decay_schedule_with_warmup",
         "get_reduce_on_plateau_schedule", "get_wsd_schedule", "get_adafactor_schedule")},
     "Adafactor": "optimization",
+    "patch_transformers": "patch",  # TRL / sentence-transformers on cadence: call before importing them
 }
 
 __all__ = sorted(_EXPORTS)
@@ -66,6 +67,7 @@ def __dir__():
 if TYPE_CHECKING:  # for editors and type checkers only
     from .data import DataCollatorWithPadding, DefaultDataCollator, default_data_collator
     from .optimization import Adafactor, get_scheduler
+    from .patch import patch_transformers
     from .trainer import Trainer
     from .trainer_seq2seq import Seq2SeqTrainer
     from .trainer_callback import (

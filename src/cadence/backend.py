@@ -36,6 +36,7 @@ import functools
 import gc
 import logging
 import os
+import sys
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -157,6 +158,8 @@ class Backend:
             self.device = self.accelerator.device
         else:
             self.device = args.device
+            if "accelerate" in sys.modules:  # a library built on it is in use (TRL calls accelerate's set_seed, which
+                accelerate_state(args)  # reads AcceleratorState); a plain run does not pay accelerate's import
         self._args = args
         self.timeout_s = args.ddp_timeout
         self.process_index = args.process_index
@@ -479,10 +482,61 @@ class AcceleratorView:
 
     def __init__(self, backend: Backend):
         self._backend = backend
+        self._even_batches = True  # what a subclass assigns on one process (cadence's eval batches are marked)
 
     @property
     def _accelerator(self):
         return self._backend.accelerator
+
+    # --------------------------------------------------------- accelerate's state, as transformers' Accelerator has it
+    @property
+    def state(self):
+        """accelerate's ``AcceleratorState`` of the run (initialised on one process too, so accelerate's own helpers,
+        such as ``set_seed(seed, device_specific=True)``, work); ``state.deepspeed_plugin`` is None without DeepSpeed."""
+        return self._accelerator.state if self._accelerator is not None else accelerate_state(self._backend._args)
+
+    @property
+    def parallelism_config(self):
+        """accelerate's ``ParallelismConfig`` of the run: None unless tensor/context parallelism is set up."""
+        return getattr(self._accelerator, "parallelism_config", None)
+
+    @property
+    def dataloader_config(self):
+        """accelerate's ``DataLoaderConfiguration`` (cadence shards batches itself; a subclass may set its fields)."""
+        if self._accelerator is not None:
+            return self._accelerator.dataloader_config
+        if getattr(self, "_dataloader_config", None) is None:
+            from accelerate.utils import DataLoaderConfiguration
+
+            self._dataloader_config = DataLoaderConfiguration()
+        return self._dataloader_config
+
+    @property
+    def even_batches(self) -> bool:
+        return self._accelerator.even_batches if self._accelerator is not None else self._even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        if self._accelerator is not None:
+            self._accelerator.even_batches = value
+        self._even_batches = value
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
+        """A model the trainer does not train (a reference or teacher model): on the device, and with
+        ``evaluation_mode=False`` wrapped for the run's processes by accelerate; on one process just moved."""
+        if self._accelerator is not None:
+            return self._accelerator.prepare_model(model, device_placement=device_placement,
+                                                   evaluation_mode=evaluation_mode)
+        return model.to(self._backend.device) if device_placement is not False else model
+
+    def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
+        """accelerate's ``prepare``: on several processes the real one; on one, models moved to the device and
+        everything else (dataloaders, optimizers, schedulers) returned as it is (cadence's loaders are sharded)."""
+        if self._accelerator is not None:
+            return self._accelerator.prepare(*objects, device_placement=device_placement)
+        placed = tuple(self.prepare_model(o) if isinstance(o, torch.nn.Module) else o for o in objects)
+        return placed[0] if len(placed) == 1 else placed
 
     # --------------------------------------------------------- who and where
     @property
@@ -637,6 +691,31 @@ def _is_collective_failure(error: BaseException) -> bool:
     if dist_error and isinstance(error, dist_error):
         return True
     return isinstance(error, RuntimeError) and any(word in str(error).lower() for word in _COLLECTIVE_FAILURES)
+
+
+def process_state(args: Any):
+    """accelerate's ``PartialState`` with the run's settings (``TrainingArguments.distributed_state``)."""
+    from accelerate import PartialState
+
+    return _end_at_exit_if_started(lambda: PartialState(cpu=args.use_cpu, **_process_group_options(args)))
+
+
+def accelerate_state(args: Any):
+    """accelerate's ``AcceleratorState`` on one process, as transformers' ``Accelerator`` leaves it: libraries built on
+    the Trainer call accelerate's helpers that read it (``set_seed(seed, device_specific=True)``)."""
+    from accelerate.state import AcceleratorState
+
+    process_state(args)  # the process group with the run's options, before AcceleratorState reuses it
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    # _from_accelerator: accelerate refuses to build it outside an Accelerator, which one process here never makes
+    from accelerate.utils import TorchDynamoPlugin
+
+    shared = AcceleratorState._shared_state
+    if shared and (shared.get("_mixed_precision") != precision or shared.get("device") != args.device):
+        # an earlier run in this process set it otherwise; transformers resets it for each run's arguments too
+        AcceleratorState._reset_state()
+    return AcceleratorState(cpu=args.use_cpu, mixed_precision=precision, dynamo_plugin=TorchDynamoPlugin(),
+                            _from_accelerator=True)
 
 
 def main_process_first(args: Any, local: bool = True):
@@ -1426,6 +1505,13 @@ def _ds_entry(config: dict, dotted: str) -> tuple[dict | None, str]:
         if not isinstance(config, dict):
             return None, key
     return config, key
+
+
+def deepspeed_plugin(args: Any):
+    """accelerate's ``DeepSpeedPlugin`` for ``args.deepspeed`` (``TrainingArguments.deepspeed_plugin``)."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    return DeepSpeedPlugin(hf_ds_config=deepspeed_config(args))
 
 
 def deepspeed_config(args: Any, model: torch.nn.Module | None = None, num_training_steps: int | None = None) -> dict:

@@ -35,7 +35,7 @@ from .backend import AcceleratorView, Backend
 from .checkpoint import background, formats, manifest, save_load, signals, writer
 # transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
 from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
-from .checkpoint.resume import ResumePoint, find_resume_folder, restore_callback_states
+from .checkpoint.resume import ResumePoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
 from .integrations import base as trackers, registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
 from .memory_metrics import TrainerMemoryTracker
@@ -76,6 +76,20 @@ def _state_at_save(state: TrainerState) -> TrainerState:
     saved = copy.copy(state)
     saved.log_history = list(state.log_history)
     return saved
+
+
+class _Uploads:
+    """transformers' ``PushInProgress``: the futures of one push to the Hub."""
+
+    def __init__(self, jobs: list):
+        self.jobs = jobs
+
+    def is_done(self) -> bool:
+        return all(job.done() for job in self.jobs)
+
+    def wait_until_done(self) -> None:
+        for job in self.jobs:
+            job.result()
 
 
 class Trainer:
@@ -129,6 +143,7 @@ class Trainer:
             from .hyperparameter_search import call_model_init
             model = call_model_init(model_init, None)  # model_init(None) when it takes a trial, as transformers
         self.model_init = model_init
+        self._signature_columns: list[str] | None = None  # the columns kept (_set_signature_columns_if_needed)
         self.backend = Backend(args, model)  # a model on a device mesh (tensor parallel) sets the layout
         # skip_memory_metrics=False: the memory of __init__, train(), evaluate(), predict() (transformers' keys)
         self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics, self.backend.device)
@@ -181,6 +196,7 @@ class Trainer:
         )
         self.control = TrainerControl()
         self.hub_repo = None  # the Hub repository pushes go to (push_to_hub=True, or after a push_to_hub() call)
+        self.hub_model_id = None  # its id, once created (transformers' attribute: TRL's model card reads it)
         if args.push_to_hub:  # created now: a missing token or an unreachable Hub shows before any training
             self._start_hub_pushes()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
@@ -275,10 +291,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
 
-    def _signature_columns(self) -> set[str] | None:
-        """The input names the model accepts, plus the label columns (None: it takes anything)."""
-        accepted = data.forward_arguments(self.backend.unwrap(self.model))
-        return accepted if accepted is None else accepted | set(self.label_names or ())
+    def _set_signature_columns_if_needed(self) -> None:
+        """Fill ``self._signature_columns`` (if unset) with the input names the model accepts plus the label
+        columns; left None when the model takes anything (``**kwargs`` only), so nothing is dropped.
+        Subclasses override it to keep their own columns (TRL: ``["input_ids", "completion_mask", ...]``)."""
+        if self._signature_columns is None:
+            accepted = data.forward_arguments(self.backend.unwrap(self.model))
+            if accepted is not None:
+                self._signature_columns = sorted(accepted | set(self.label_names or ()))
 
     def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
         """A ``datasets.Dataset`` without the columns the model does not accept (HF's method)."""
@@ -288,7 +308,9 @@ class Trainer:
         """The dataset and collator with the columns the model does not accept removed (logged once)."""
         if not self.args.remove_unused_columns:
             return dataset, self.data_collator
-        return data.drop_unused_columns(dataset, self.data_collator, self._signature_columns(),
+        self._set_signature_columns_if_needed()
+        accepted = None if self._signature_columns is None else set(self._signature_columns)
+        return data.drop_unused_columns(dataset, self.data_collator, accepted,
                                         type(self.model).__name__, description)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
@@ -338,7 +360,7 @@ class Trainer:
         if data.is_iterable_dataset(dataset) and args.world_size > 1:  # each process its share of a stream
             dataset = data.IterableShard(dataset, batch_size, self.backend.data_parallel_rank,
                                          self.backend.data_parallel_size, args.dataloader_drop_last)
-        if evaluation and not data.is_iterable_dataset(dataset):  # dataset order over processes, padding marked
+        if evaluation and sampler is None and not data.is_iterable_dataset(dataset):  # dataset order over processes
             kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, self.backend.data_parallel_rank,
                                                             self.backend.data_parallel_size, kwargs.pop("drop_last"))
             del kwargs["batch_size"]
@@ -346,12 +368,34 @@ class Trainer:
             kwargs["sampler"] = sampler
         return data.TrainerDataLoader(dataset, num_processes=args.world_size, **kwargs)
 
+    def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
+        """The evaluation sampler; None (transformers' choice on several processes) means cadence's evaluation
+        order: dataset order, each process its share, the last batch's padding marked. A subclass returns its own
+        sampler to change the order (TRL's GRPO repeats prompts)."""
+        return None
+
+    def _get_dataloader(self, dataset: Any, description: str, batch_size: int,
+                        sampler_fn: Callable[[Any], torch.utils.data.Sampler | None] | None = None,
+                        is_training: bool = False, dataloader_key: str | None = None) -> DataLoader:
+        """A DataLoader over ``dataset`` (transformers' builder, which subclasses call): unused columns removed,
+        ``sampler_fn(dataset)`` as its sampler (map-style datasets), kept in ``_eval_dataloaders[dataloader_key]``
+        with ``dataloader_persistent_workers``.
+
+        Example:
+            >>> trainer._get_dataloader(ds, "training", 8, sampler_fn=trainer._get_train_sampler, is_training=True)
+        """
+        sampler = sampler_fn(dataset) if sampler_fn is not None and not data.is_iterable_dataset(dataset) else None
+        loader = self._dataloader(dataset, batch_size, description, sampler, evaluation=not is_training)
+        if dataloader_key is not None and self.args.dataloader_persistent_workers:
+            self._eval_dataloaders[dataloader_key] = (dataset, loader)
+        return loader
+
     def get_train_dataloader(self) -> DataLoader:
         """The training dataloader: shuffled per epoch with ``(data_seed or seed) + epoch``, sharded by process."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass train_dataset=... to Trainer")
-        sampler = self._get_train_sampler(self.train_dataset)
-        return self._dataloader(self.train_dataset, self.args.train_batch_size, "training", sampler)
+        return self._get_dataloader(self.train_dataset, "training", self.args.train_batch_size,
+                                    sampler_fn=self._get_train_sampler, is_training=True)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         """The evaluation dataloader (in dataset order over processes). With ``dataloader_persistent_workers``
@@ -368,15 +412,15 @@ class Trainer:
         if cached is not None and cached[0] is eval_dataset:  # the same object, not a new one at a reused id
             return cached[1]
         data.check_dataset(eval_dataset, "eval_dataset", allow_empty=True)
-        loader = self._dataloader(eval_dataset, self.args.eval_batch_size, description="evaluation", evaluation=True)
+        loader = self._get_dataloader(eval_dataset, "evaluation", self.args.eval_batch_size,
+                                      sampler_fn=self._get_eval_sampler)
         if persistent:
             self._eval_dataloaders[key] = (eval_dataset, loader)
         return loader
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         data.check_dataset(test_dataset, "test_dataset", allow_empty=True)
-        return self._dataloader(test_dataset, self.args.eval_batch_size, description="test",
-                                evaluation=True)
+        return self._get_dataloader(test_dataset, "test", self.args.eval_batch_size, sampler_fn=self._get_eval_sampler)
 
     def num_examples(self, dataloader: DataLoader) -> int:
         """Samples behind ``dataloader``: its dataset's length, else batches x the per-device batch size."""
@@ -542,7 +586,7 @@ class Trainer:
             self.optimizer = self.lr_scheduler = None
         if resume_from_checkpoint is not None:
             logger.info("resuming from %s", resume_from_checkpoint)
-            self.backend.load_model_weights(self.model, resume_from_checkpoint)
+            self._load_from_checkpoint(resume_from_checkpoint)
         if self.args.activation_checkpointing:  # as transformers: on from train() on (enabling twice is harmless)
             how = activation_checkpointing.enable(self.backend.unwrap(self.model), self.args.activation_checkpointing_kwargs)
             logger.info("activation checkpointing on, through %s", how)
@@ -629,6 +673,8 @@ class Trainer:
         resume = None
         if resume_from_checkpoint is not None:
             resume = save_load.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
+            if type(self)._load_optimizer_and_scheduler is not Trainer._load_optimizer_and_scheduler:
+                self._load_optimizer_and_scheduler(resume_from_checkpoint)  # a subclass's own state (TRL's GRPO)
             self._load_callback_state()
         for handler_attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, handler_attr, getattr(self, handler_attr))
@@ -813,7 +859,7 @@ class Trainer:
             if self.args.save_strategy == "best":  # save exactly when the evaluation improved
                 self.control.should_save = is_new_best
         if self.control.should_save:
-            self._save_checkpoint(self.model_wrapped, loop_state=loop)
+            self._save_checkpoint(self.model_wrapped, None)  # transformers' call: TRL overrides it as (model, trial)
             if self._unannounced_save is None:  # written: on_save now
                 self.control = self.callback_handler.on_save(self.args, self.state, self.control)
             else:  # on_save fires once the folder is complete (_collect_save); the request is served as at once
@@ -895,8 +941,8 @@ class Trainer:
             inputs: the micro-batch.
             num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
         """
+        inputs = self._prepare_inputs(inputs)  # a subclass may build the batch here (TRL's GRPO generates)
         checks.check_batch(inputs)
-        inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             count = {"num_items_in_batch": num_items_in_batch} if self._compute_loss_takes_items else {}
             try:
@@ -919,15 +965,25 @@ class Trainer:
         self.backend.backward(loss)
         return loss.detach()
 
+    def _prepare_input(self, data: Any) -> Any:
+        """Move one value (tensor, or dict/tuple/list of them, nested) to the device."""
+        if isinstance(data, Mapping):
+            return type(data)({k: self._prepare_input(v) for k, v in data.items()})
+        if isinstance(data, (tuple, list)):
+            return type(data)(self._prepare_input(v) for v in data)
+        if torch.is_tensor(data) and data.device != self.backend.device:
+            return data.to(self.backend.device, non_blocking=True)
+        return data
+
     def _prepare_inputs(self, inputs: Any) -> Any:
-        """Move a batch (dict, tuple or tensor, nested) to the device."""
-        device = self.backend.device
-        if isinstance(inputs, Mapping):
-            return type(inputs)({k: self._prepare_inputs(v) for k, v in inputs.items()})
-        if isinstance(inputs, (tuple, list)):
-            return type(inputs)(self._prepare_inputs(v) for v in inputs)
-        if torch.is_tensor(inputs) and inputs.device != device:
-            return inputs.to(device, non_blocking=True)
+        """The batch on the device (``_prepare_input``); subclasses override it and call ``super()``, so the
+        recursion lives in ``_prepare_input`` and an override is entered once per batch."""
+        inputs = self._prepare_input(inputs)
+        if isinstance(inputs, Mapping) and len(inputs) == 0:
+            raise ValueError(
+                "the batch is empty: the collator returned no columns. The training data must hold columns the "
+                f"model takes ({', '.join(self._signature_columns or ['its forward() arguments'])}); check the "
+                "dataset's column names, or set remove_unused_columns=False")
         return inputs
 
     def compute_loss_context_manager(self):
@@ -1120,8 +1176,7 @@ class Trainer:
         metrics: dict[str, float] | None = None
         observed = 0
         for step, (inputs, is_last) in enumerate(evaluation.with_last(dataloader)):
-            checks.check_batch(inputs)
-            inputs = self._prepare_inputs(inputs)
+            inputs = self._prepare_input(inputs)  # on the device; prediction_step calls _prepare_inputs, as in HF
             loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
             rows = evaluation.batch_rows(inputs)
             real_rows = 0 if is_padding(step) else rows
@@ -1173,6 +1228,8 @@ class Trainer:
             prediction_loss_only: return only the loss.
             ignore_keys: output keys to drop from the logits.
         """
+        inputs = self._prepare_inputs(inputs)  # a subclass's override (TRL's GRPO generates here), as in transformers
+        checks.check_batch(inputs)
         has_labels = isinstance(inputs, Mapping) and all(inputs.get(k) is not None for k in self.label_names)
         if ignore_keys is None:  # HF's default: the config's list, else ["cache"]; no config, nothing
             config = getattr(self.model, "config", None)
@@ -1204,8 +1261,12 @@ class Trainer:
         Args:
             model: the model being trained (its unwrapped module is what is saved).
             trial: unused (transformers' signature).
-            loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume.
+            loop_state: the loop's state (data position, loss sums: ``loop_state.json``) for an exact resume;
+                default: the running ``train()``'s, so an override with transformers' ``(model, trial)`` that calls
+                ``super()`` saves it too.
         """
+        if loop_state is None and self.is_in_train:
+            loop_state = self._loop
         self._collect_save(wait=True, reason="the next checkpoint", stall=True)  # one in flight; the best exists below
         args = self.args
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -1279,6 +1340,30 @@ class Trainer:
                 "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
                 "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
                 "stream": data.stateful_stream(self.callback_handler.train_dataloader)}
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Load the weights of a checkpoint folder into ``model`` (default ``self.model``): safetensors or
+        ``weights_only`` files, sharded, PEFT adapters (transformers' method; ``train()`` resumes through it)."""
+        self.backend.load_model_weights(model if model is not None else self.model, resume_from_checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Load the optimizer's and scheduler's states of a checkpoint folder (transformers' method). A resume
+        restores them with everything else; a subclass's override is called after that, to load its own files."""
+        if checkpoint is None:
+            return
+        load_optimizer_and_scheduler(Path(checkpoint), self.optimizer, self.lr_scheduler, functools.partial(
+            self.backend.load_optimizer_state, self.model_wrapped, self.optimizer))
+
+    def _get_output_dir(self, trial: Any = None) -> str:
+        """The folder this run's checkpoints go to: ``args.output_dir`` (a hyperparameter-search trial's
+        arguments already name its ``run-{id}`` folder)."""
+        return self.args.output_dir
+
+    @property
+    def push_in_progress(self):
+        """The Hub upload still running from the last push (``.is_done()``), or None (transformers' attribute)."""
+        jobs = [job for job, _ in self.hub_repo.in_flight] if self.hub_repo is not None else []
+        return _Uploads(jobs) if jobs else None
 
     def _load_callback_state(self) -> None:
         """With ``restore_callback_states_from_checkpoint``: rebuild the stateful callbacks and the

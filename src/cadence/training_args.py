@@ -135,6 +135,17 @@ class TrainingArguments:
         (True, 8)
     """
 
+    # Fields that may arrive as a JSON object string (from a command line); a subclass extends the list, as TRL's
+    # configs do (`_VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["model_init_kwargs"]`).
+    _VALID_DICT_FIELDS = [
+        "accelerator_config",
+        "fsdp_config",
+        "deepspeed",
+        "activation_checkpointing_kwargs",
+        "gradient_checkpointing_kwargs",
+        "lr_scheduler_kwargs",
+    ]
+
     # --- Output ---
     output_dir: str | None = field(
         default=None,
@@ -706,6 +717,25 @@ class TrainingArguments:
 
         return default_device(self.use_cpu, self.local_process_index)
 
+    @functools.cached_property
+    def distributed_state(self):
+        """accelerate's ``PartialState`` of this process, with the run's ``ddp_backend``/``ddp_timeout`` (what
+        transformers keeps here; TRL reads it). Created on first use."""
+        from .backend import process_state  # on first use: this module stays light to import
+
+        return process_state(self)
+
+    @property
+    def deepspeed_plugin(self):
+        """accelerate's ``DeepSpeedPlugin`` for ``deepspeed`` (None without DeepSpeed), as transformers sets it."""
+        if not self.deepspeed:
+            return None
+        if "_deepspeed_plugin" not in self.__dict__:
+            from .backend import deepspeed_plugin
+
+            self.__dict__["_deepspeed_plugin"] = deepspeed_plugin(self)
+        return self.__dict__["_deepspeed_plugin"]
+
     @property
     def n_gpu(self) -> int:
         """GPUs used by this process: 0 on CPU, else 1 (one device per process, no DataParallel)."""
@@ -986,15 +1016,6 @@ _ENUM_FIELDS: dict[str, type[Enum]] = {
     "optim": OptimizerNames,
 }
 
-# Fields that may arrive as a JSON object string (from a command line).
-_JSON_DICT_FIELDS = (
-    "lr_scheduler_kwargs",
-    "activation_checkpointing_kwargs",
-    "gradient_checkpointing_kwargs",
-    "accelerator_config",
-    "fsdp_config",
-    "deepspeed",
-)
 
 
 def _is_number(v: Any) -> bool:
@@ -1247,13 +1268,27 @@ def _resolve_output_dir(args: TrainingArguments) -> None:
 
 
 def _parse_json_dict_fields(args: TrainingArguments) -> None:
-    for name in _JSON_DICT_FIELDS:
+    for name in type(args)._VALID_DICT_FIELDS:  # the class's list: a subclass's own dict fields are parsed too
         value = getattr(args, name)
         if isinstance(value, str) and value.lstrip().startswith("{"):  # other strings are file paths
             try:
-                setattr(args, name, json.loads(value))
+                setattr(args, name, _typed_strings(json.loads(value)))
             except json.JSONDecodeError as error:
                 raise _invalid(name, value, "a dict or a JSON object string", f"fix the JSON ({error})") from None
+
+
+def _typed_strings(value: dict) -> dict:
+    """``"true"``/``"false"``/``"3"``/``"0.5"`` inside a JSON dict as bool/int/float, as transformers reads them."""
+    for key, item in value.items():
+        if isinstance(item, dict):
+            value[key] = _typed_strings(item)
+        elif isinstance(item, str) and item.lower() in ("true", "false"):
+            value[key] = item.lower() == "true"
+        elif isinstance(item, str) and item.isdigit():
+            value[key] = int(item)
+        elif isinstance(item, str) and item.replace(".", "", 1).isdigit():
+            value[key] = float(item)
+    return value
 
 
 def _resolve_checkpointing_names(args: TrainingArguments) -> None:

@@ -1,0 +1,167 @@
+"""One TRL trainer on a tiny model, on transformers' Trainer or (``--cadence``) on cadence's, in its own process.
+
+    python tests/trl_worker.py CASE OUT_DIR [--cadence] [--max-steps N] [--resume]
+
+Writes ``OUT_DIR/result.pt``: ``{"losses": [(step, key, value), ...], "weights": {name: tensor}}`` (every number
+the run logged, timings included; the test picks what to compare). With
+``--cadence``, ``cadence.patch_transformers()`` runs before trl is imported, so every TRL class is built on cadence.
+Everything is local: a word-level tokenizer built here (chat template set by hand), Llama models from configs,
+``datasets.Dataset.from_list`` data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+
+WORDS = ("the cat dog sat ran on a mat red blue big small fast slow sun moon tree sky sea hill bird fish "
+         "yes no good bad why how what who").split()
+SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['content'] + ' </s> ' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}")
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def model(tok, kind: str = "causal", seed: int = 0):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
+
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         num_labels=1)
+    torch.manual_seed(seed)
+    cls = LlamaForSequenceClassification if kind == "reward" else LlamaForCausalLM
+    return cls(config)
+
+
+def saved(tok, out_dir: str) -> str:
+    """The initial model in a folder: trainers that build a reference model (DPO without one, RLOO, KTO) load it
+    from the policy's path."""
+    folder = os.path.join(out_dir, "initial_model")
+    model(tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def sentence(i: int, n: int = 5) -> str:
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n + i % 4))
+
+
+def rows(case: str, n: int = 16) -> list[dict]:
+    if case in ("sft_text", "sft_packing"):
+        return [{"text": sentence(i, 4 + i % 5)} for i in range(n)]
+    if case == "sft_chat":
+        return [{"messages": [{"role": "user", "content": sentence(i, 3)},
+                              {"role": "assistant", "content": sentence(i + 1, 4)}]} for i in range(n)]
+    if case in ("sft_completion", "kto"):
+        out = [{"prompt": sentence(i, 3), "completion": sentence(i + 2, 4)} for i in range(n)]
+        if case == "kto":
+            for i, row in enumerate(out):
+                row["label"] = i % 2 == 0
+        return out
+    if case.startswith("dpo"):
+        return [{"prompt": sentence(i, 3), "chosen": sentence(i + 1, 4), "rejected": sentence(i + 5, 3)}
+                for i in range(n)]
+    if case == "reward":
+        return [{"chosen": sentence(i, 6), "rejected": sentence(i + 3, 5)} for i in range(n)]
+    if case in ("grpo", "rloo", "distillation"):
+        return [{"prompt": sentence(i, 3)} for i in range(n)]
+    raise ValueError(f"unknown case {case!r}")
+
+
+def toy_reward(completions, **kwargs):
+    """More distinct words scores higher: a reward that varies over sampled completions."""
+    return [float(len(set(str(c).split()))) for c in completions]
+
+
+COMMON = dict(per_device_train_batch_size=4, learning_rate=5e-3, logging_steps=1, report_to=[], save_strategy="no",
+              seed=7, data_seed=7, lr_scheduler_type="linear", warmup_steps=1, disable_tqdm=True,
+              dataloader_num_workers=0, use_cpu=True)
+
+
+def build(case: str, out_dir: str, max_steps: int, save_steps: int | None):
+    import trl
+    from datasets import Dataset
+
+    tok = tokenizer()
+    common = dict(COMMON, output_dir=out_dir, max_steps=max_steps)
+    if case.endswith("_fp32"):  # TRL's configs default to bf16 where the device has it (CPUs do)
+        case, common["bf16"] = case[: -len("_fp32")], False
+    if save_steps:
+        common.update(save_strategy="steps", save_steps=save_steps)
+    data = Dataset.from_list(rows(case))
+    if case.startswith("sft"):
+        extra = {"packing": True, "max_length": 32} if case == "sft_packing" else {"max_length": 64}
+        args = trl.SFTConfig(**common, **extra)
+        return trl.SFTTrainer(model=model(tok), args=args, train_dataset=data, processing_class=tok)
+    if case.startswith("dpo"):
+        args = trl.DPOConfig(**common, max_length=64, beta=0.1)
+        if case == "dpo_ref":
+            return trl.DPOTrainer(model=model(tok), ref_model=model(tok, seed=1), args=args, train_dataset=data,
+                                  processing_class=tok)
+        # no reference model: DPO loads a second copy from the policy's folder
+        return trl.DPOTrainer(model=saved(tok, out_dir), args=args, train_dataset=data, processing_class=tok)
+    if case == "reward":
+        args = trl.RewardConfig(**common, max_length=64)
+        return trl.RewardTrainer(model=model(tok, "reward"), args=args, train_dataset=data, processing_class=tok)
+    if case in ("grpo", "rloo"):
+        config, trainer = (trl.GRPOConfig, trl.GRPOTrainer) if case == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
+        args = config(**common, num_generations=2, max_completion_length=6, generation_batch_size=4)
+        return trainer(model=saved(tok, out_dir), reward_funcs=toy_reward, args=args, train_dataset=data,
+                       processing_class=tok)
+    if case == "kto":
+        args = trl.KTOConfig(**common, max_length=64)
+        return trl.KTOTrainer(model=saved(tok, out_dir), args=args, train_dataset=data, processing_class=tok)
+    if case == "distillation":
+        args = trl.DistillationConfig(**common, max_completion_length=6)
+        return trl.DistillationTrainer(model=model(tok), teacher_model=model(tok, seed=1), args=args,
+                                       train_dataset=data, processing_class=tok)
+    raise ValueError(f"unknown case {case!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case")
+    parser.add_argument("out_dir")
+    parser.add_argument("--cadence", action="store_true")
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--save-steps", type=int, default=None)
+    parser.add_argument("--resume", action="store_true")
+    opts = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if opts.cadence:
+        import cadence
+
+        cadence.patch_transformers()
+    import torch
+
+    trainer = build(opts.case, opts.out_dir, opts.max_steps, opts.save_steps)
+    if opts.cadence:  # the run must really be on cadence
+        import cadence
+
+        assert isinstance(trainer, cadence.Trainer), type(trainer).__mro__
+    trainer.train(resume_from_checkpoint=True if opts.resume else None)
+    losses = [(h["step"], k, float(v)) for h in trainer.state.log_history for k, v in h.items()
+              if isinstance(v, (int, float)) and k != "step"]
+    weights = {k: v.detach().float().clone() for k, v in trainer.model.state_dict().items()}
+    torch.save({"losses": losses, "weights": weights}, os.path.join(opts.out_dir, "result.pt"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
