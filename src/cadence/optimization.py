@@ -17,6 +17,7 @@ the same floating-point expressions as transformers', so the per-step learning r
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import inspect
 import logging
@@ -25,7 +26,7 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass
-from functools import partial
+from functools import cache as functools_cache, partial
 from typing import Any, Callable, Iterable
 
 import torch
@@ -62,8 +63,10 @@ __all__ = [
     "get_reduce_on_plateau_schedule",
     "get_scheduler",
     "get_wsd_schedule",
+    "eval_weights",
     "is_optimizer_factory",
     "parse_optim_args",
+    "set_optimizer_mode",
 ]
 
 
@@ -1314,6 +1317,115 @@ def _bitsandbytes(name: str, args: Any, model: nn.Module | None = None) -> tuple
     return bnb.AdamW, {"lr": args.learning_rate, **_adam_options(args), **bits}
 
 
+@functools_cache
+def _resumable_grokadamw() -> type[Optimizer]:
+    """grokadamw's GrokAdamW, with a state dict that resumes.
+
+    GrokAdamW keeps each parameter's moments in its param group (``group["state"]``), keyed by the parameter
+    object; saved that way, the keys load as new tensors that match no parameter, so a resumed run silently
+    starts from fresh moments (what transformers' checkpoints of it do). Here the group's states are saved as a
+    list in the group's parameter order (tensors and ints: loads with ``weights_only``), and loaded back onto
+    the parameters; a checkpoint in the package's own layout (transformers') is mapped by position too.
+    """
+    from grokadamw import GrokAdamW
+
+    class ResumableGrokAdamW(GrokAdamW):
+        def state_dict(self) -> dict[str, Any]:
+            saved = super().state_dict()
+            for group, packed in zip(self.param_groups, saved["param_groups"]):
+                states = group.get("state", {})
+                packed["state"] = [states.get(p) for p in group["params"]]
+            return saved
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            saved = [group.get("state") for group in state_dict["param_groups"]]
+            super().load_state_dict(state_dict)
+            for index, (group, states) in enumerate(zip(self.param_groups, saved)):
+                states = list(states.values()) if isinstance(states, dict) else states or []
+                if states and len(states) != len(group["params"]):
+                    raise ValueError(
+                        f"the GrokAdamW checkpoint's param group {index} holds {len(states)} parameter states for "
+                        f"{len(group['params'])} parameters: it was saved for another model or parameter grouping"
+                    )
+                group["state"] = {p: state for p, state in zip(group["params"], states) if state is not None}
+
+    ResumableGrokAdamW.__name__ = ResumableGrokAdamW.__qualname__ = "GrokAdamW"
+    return ResumableGrokAdamW
+
+
+def _grokadamw(args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """GrokAdamW: the lr and transformers' five options (its own betas/eps defaults: transformers passes no adam_*)."""
+    _require_package("grokadamw")
+    GrokAdamW = _resumable_grokadamw()
+
+    defaults = {"alpha_init": 0.98, "lamb": 2.0, "gamma": 0.1, "grokking_signal_decay_rate": 0.1,
+                "gradient_clipping": 1.0}
+    options = _optim_options(args, "grokadamw", dict.fromkeys(defaults, _finite_float))
+    return GrokAdamW, {"lr": args.learning_rate, **defaults, **options}
+
+
+def _stable_adamw(args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """torch-optimi's StableAdamW with the adam_* fields and ``decouple_lr``/``max_lr``/``kahan_sum``.
+
+    transformers converts the two flags with ``bool(text)``, so ``kahan_sum=False`` turns Kahan summation
+    on there; here "False" means False (the README lists the difference)."""
+    _require_package("stable_adamw")
+    from optimi import StableAdamW
+
+    options = _optim_options(args, "stable_adamw", {"decouple_lr": _as_bool, "max_lr": _finite_float,
+                                                    "kahan_sum": _as_bool})
+    return StableAdamW, {"lr": args.learning_rate, **_adam_options(args), "weight_decay": args.weight_decay,
+                         "decouple_lr": options.get("decouple_lr", False), "max_lr": options.get("max_lr"),
+                         "kahan_sum": options.get("kahan_sum")}
+
+
+def _torchao_adamw(name: str, args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """torchao's AdamW with 4- or 8-bit states (blocks of ``block_size`` values, 256 as in transformers)."""
+    _require_package(name)
+    try:
+        from torchao.optim import AdamW4bit, AdamW8bit
+    except ImportError:  # torchao < 0.11 kept them under prototype/
+        raise ValueError(f"optim={name!r} needs torchao >= 0.11 (torchao.optim): pip install -U torchao") from None
+
+    options = _optim_options(args, name, {"block_size": _finite_int, "bf16_stochastic_round": _as_bool})
+    cls = AdamW4bit if name == "adamw_torch_4bit" else AdamW8bit
+    return cls, {"lr": args.learning_rate, "block_size": options.get("block_size", 256),
+                 "bf16_stochastic_round": options.get("bf16_stochastic_round", False), **_adam_options(args)}
+
+
+# schedule-free optim name -> (schedulefree's class, takes the adam_* fields, takes warmup_steps): transformers' choice
+_SCHEDULE_FREE = {
+    "schedule_free_adamw": ("AdamWScheduleFree", True, True),
+    "schedule_free_radam": ("RAdamScheduleFree", True, False),  # RAdam warms itself up
+    "schedule_free_sgd": ("SGDScheduleFree", False, True),
+}
+
+
+def _schedule_free(name: str, args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """A schedule-free optimizer (its own warmup and iterate averaging; the Trainer switches its
+    ``train()``/``eval()`` modes: see :func:`set_optimizer_mode`)."""
+    _require_package(name)
+    import schedulefree
+
+    class_name, adam, warmup = _SCHEDULE_FREE[name]
+    cls = getattr(schedulefree, class_name, None)
+    if cls is None:
+        raise ValueError(f"optim={name!r} needs schedulefree >= 1.4 ({class_name}): pip install -U schedulefree")
+    options = _optim_options(args, name, {"weight_lr_power": _finite_float, "r": _finite_float})
+    kwargs = {"lr": args.learning_rate, **(_adam_options(args) if adam else {}), "weight_decay": args.weight_decay}
+    if warmup:
+        steps = getattr(args, "warmup_steps", 0) or 0
+        if 0 < steps < 1:  # transformers passes the ratio on as a step count (0.1 "steps": lr x10 at step 0)
+            raise ValueError(
+                f"warmup_steps={steps!r} is a ratio, but optim={name!r} warms up inside the optimizer, which is "
+                "built before the run's length is known: pass warmup_steps as a number of steps (e.g. 100)"
+            )
+        kwargs["warmup_steps"] = int(steps)
+    kwargs["weight_lr_power"] = options.get("weight_lr_power", 2.0)
+    kwargs["r"] = options.get("r", 0.0)
+    return cls, kwargs
+
+
 # Optimizers that need a package torch does not ship: optim name -> (import name, pip command).
 _OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
     **dict.fromkeys(_BITSANDBYTES, ("bitsandbytes", "pip install -U bitsandbytes")),
@@ -1340,7 +1452,8 @@ _OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
 }
 
 # transformers has these; cadence does not build them yet (users can pass optimizers=(...)).
-_NOT_BUILT = tuple(name for name in _OPTIONAL_PACKAGES if name not in _BITSANDBYTES)
+_NOT_BUILT = tuple(name for name in _OPTIONAL_PACKAGES if name not in _BITSANDBYTES and name not in (
+    "grokadamw", "stable_adamw", "adamw_torch_4bit", "adamw_torch_8bit", *_SCHEDULE_FREE))
 
 
 def _not_built_message(name: str) -> str:
@@ -1361,6 +1474,11 @@ OPTIMIZERS: dict[str, Callable[..., tuple[Any, dict[str, Any]]]] = {
     "adafactor": _adafactor,
     **{name: partial(_torch_optimizer, name, cls, conv) for name, (cls, conv) in _TORCH_OPTIMIZERS.items()},
     **{name: partial(_bitsandbytes, name) for name in _BITSANDBYTES},
+    "grokadamw": _grokadamw,
+    "stable_adamw": _stable_adamw,
+    "adamw_torch_4bit": partial(_torchao_adamw, "adamw_torch_4bit"),
+    "adamw_torch_8bit": partial(_torchao_adamw, "adamw_torch_8bit"),
+    **{name: partial(_schedule_free, name) for name in _SCHEDULE_FREE},
     **{name: partial(_not_built, name) for name in _NOT_BUILT},
 }
 
@@ -1468,3 +1586,39 @@ def create_optimizer(
     if optimizer_cls.__module__.startswith("bitsandbytes") and kwargs.get("optim_bits") == 8:
         _keep_embeddings_32bit(model)
     return optimizer
+
+
+def set_optimizer_mode(optimizer: Any, training: bool) -> None:
+    """Switch an optimizer that has ``train()``/``eval()`` (schedule-free ones) into that mode; others are untouched.
+
+    A schedule-free optimizer trains on one point (y) and averages another (x): ``eval()`` puts x into the
+    parameters, ``train()`` puts y back. The Trainer calls it where transformers does (``training_step``:
+    train; ``evaluation_loop``: eval), and also around checkpoints and ``save_model`` and at the end of
+    ``train()``, so whatever is evaluated or saved holds the averaged weights.
+
+    Args:
+        optimizer: the optimizer (or None).
+        training: True for ``train()``, False for ``eval()``.
+
+    Example:
+        >>> set_optimizer_mode(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), training=False)
+    """
+    switch = getattr(optimizer, "train" if training else "eval", None)
+    if callable(switch):
+        switch()
+
+
+@contextlib.contextmanager
+def eval_weights(optimizer: Any, restore: bool = True):
+    """The parameters hold the optimizer's evaluation weights inside the block (see :func:`set_optimizer_mode`).
+
+    Args:
+        optimizer: the optimizer (or None).
+        restore: switch back to training mode afterwards (inside ``train()``).
+    """
+    set_optimizer_mode(optimizer, training=False)
+    try:
+        yield
+    finally:
+        if restore:
+            set_optimizer_mode(optimizer, training=True)
