@@ -97,6 +97,8 @@ def _require(optim):
         importlib.import_module(CASES[optim][2])
     except ImportError:
         pytest.skip(f"{CASES[optim][2]} cannot be imported here")
+    if optim in SLOW:  # torchao compiles its step per parameter shape and falls back to eager past dynamo's
+        torch._dynamo.reset()  # recompile limit: each test starts as a fresh process would, compiled throughout
 
 
 def _args(out_dir, optim, lib=None, **overrides):

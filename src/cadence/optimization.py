@@ -34,6 +34,8 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
+from .trainer_utils import check_target_module_exists
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -1426,6 +1428,119 @@ def _schedule_free(name: str, args: Any, model: nn.Module | None = None) -> tupl
     return cls, kwargs
 
 
+# The projector classes a low-rank optimizer's state may hold: (module, class) -> how a checkpoint names it.
+_PROJECTORS = {
+    ("galore_torch.galore_projector", "GaLoreProjector"): "galore",
+    ("apollo_torch.svd_projector", "GaLoreProjector"): "apollo_svd",
+    ("apollo_torch.random_projector", "GradientProjector"): "apollo_random",
+}
+
+
+def _projector_class(kind: str) -> type:
+    module, name = next(key for key, value in _PROJECTORS.items() if value == kind)
+    return getattr(importlib.import_module(module), name)
+
+
+@functools_cache
+def _with_plain_projectors(cls: type[Optimizer]) -> type[Optimizer]:
+    """``cls`` (a GaLore or APOLLO optimizer) whose state dict holds each projector as a dict of its fields.
+
+    The packages keep a projector object per parameter (``state["projector"]``: rank, scale, the projection
+    matrix, ...); pickled as it is, ``torch.load(weights_only=True)`` refuses it. Saved as ``{"projector_kind":
+    ..., **fields}`` it is tensors, numbers and strings, and is rebuilt on load from one of the three known
+    classes only (:data:`_PROJECTORS`), so no pickle global is added.
+    """
+
+    class PlainProjectors(cls):
+        def state_dict(self) -> dict[str, Any]:
+            saved = super().state_dict()
+            for key, state in saved["state"].items():
+                projector = state.get("projector")
+                if projector is not None and not isinstance(projector, dict):
+                    kind = _PROJECTORS[(type(projector).__module__, type(projector).__name__)]
+                    # a new dict: the per-parameter dicts are the live state's
+                    saved["state"][key] = {**state, "projector": {"projector_kind": kind, **vars(projector)}}
+            return saved
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            # taken out first: torch's load casts a state's values and would turn their strings into generators
+            states, projectors = dict(state_dict["state"]), {}
+            for key, state in states.items():
+                if isinstance(state.get("projector"), dict):
+                    projectors[key] = state["projector"]
+                    states[key] = {k: v for k, v in state.items() if k != "projector"}
+            super().load_state_dict({**state_dict, "state": states})
+            params = [p for group in self.param_groups for p in group["params"]]  # a state's key: its index here
+            for key, fields in projectors.items():
+                fields = {k: v.to(params[key].device) if torch.is_tensor(v) else v for k, v in fields.items()}
+                projector = object.__new__(_projector_class(fields.pop("projector_kind")))
+                vars(projector).update(fields)
+                self.state[params[key]]["projector"] = projector
+
+    PlainProjectors.__name__ = PlainProjectors.__qualname__ = cls.__name__
+    return PlainProjectors
+
+
+def _low_rank_groups(args: Any, model: nn.Module | None, name: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """transformers' two groups for GaLore/APOLLO: every parameter not targeted, then the targeted weights with the
+    low-rank ``options``. Targeted: the ``nn.Linear`` modules that ``optim_target_modules`` names (a regex
+    string, a list of names, substrings or regexes, or "all-linear")."""
+    targets = getattr(args, "optim_target_modules", None)
+    if targets is None:
+        raise ValueError(f"optim={name!r} needs optim_target_modules: the modules whose weights it projects, e.g. "
+                         "optim_target_modules=['attn', 'mlp'] or 'all-linear'")
+    if not isinstance(targets, (list, str)):
+        raise TypeError(f"optim_target_modules={targets!r} is invalid: it must be a list of strings, a regex string "
+                        "or 'all-linear'")
+    if model is None:
+        raise ValueError(f"optim={name!r} needs the model to find optim_target_modules in")
+    all_linear = isinstance(targets, str) and targets.replace("_", "-") == "all-linear"
+    names = set()
+    for module_name, module in model.named_modules():
+        found, is_regex = check_target_module_exists(targets, module_name, return_is_regex=True)
+        if not isinstance(module, nn.Linear):
+            if found and not is_regex:
+                logger.warning("%s matched optim_target_modules but is no nn.Linear: %s leaves it out", module_name,
+                               name)
+            continue
+        if found or all_linear:
+            names.add(module_name + ".weight")
+    if not names:
+        raise ValueError(f"optim_target_modules={targets!r} matches no nn.Linear module of the model, so optim={name!r} "
+                         "has nothing to project: name modules of model.named_modules(), or pass 'all-linear'")
+    named = list(model.named_parameters())
+    return [{"params": [p for n, p in named if n not in names]},
+            {"params": [p for n, p in named if n in names], **options}]
+
+
+# low-rank optim name -> (package, class, its options from optim_args with transformers' defaults)
+_LOW_RANK: dict[str, tuple[str, str, dict[str, tuple[Callable[[Any], Any], Any]]]] = {
+    **{name: ("galore_torch", cls, {"rank": (_finite_int, 128), "update_proj_gap": (_finite_int, 200),
+                                    "scale": (_finite_float, 0.25), "proj_type": (str, "std")})
+       for name, cls in (("galore_adamw", "GaLoreAdamW"), ("galore_adamw_8bit", "GaLoreAdamW8bit"),
+                         ("galore_adafactor", "GaLoreAdafactor"))},
+    "apollo_adamw": ("apollo_torch", "APOLLOAdamW", {
+        "rank": (_finite_int, 128), "proj": (str, "random"), "scale_type": (str, "channel"),
+        "update_proj_gap": (_finite_int, 200), "scale": (_finite_float, 1.0), "proj_type": (str, "std")}),
+}
+
+
+def _low_rank(name: str, args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """GaLore / APOLLO: the targeted weights projected to a low rank, every other parameter a plain group (no
+    weight decay in either, as transformers groups them)."""
+    _require_package(name)
+    package, class_name, spec = _LOW_RANK[name]
+    cls = _with_plain_projectors(getattr(importlib.import_module(package), class_name))
+    given = _optim_options(args, name, {key: convert for key, (convert, _) in spec.items()})
+    options = {key: given.get(key, default) for key, (_, default) in spec.items()}
+    if name.startswith("apollo"):  # transformers puts the adam_* fields into APOLLO's low-rank group
+        options.update(_adam_options(args))
+    kwargs: dict[str, Any] = {"lr": args.learning_rate, "params": _low_rank_groups(args, model, name, options)}
+    if name == "galore_adafactor":
+        kwargs.update(scale_parameter=False, relative_step=False)
+    return cls, kwargs
+
+
 # Optimizers that need a package torch does not ship: optim name -> (import name, pip command).
 _OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
     **dict.fromkeys(_BITSANDBYTES, ("bitsandbytes", "pip install -U bitsandbytes")),
@@ -1453,7 +1568,7 @@ _OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
 
 # transformers has these; cadence does not build them yet (users can pass optimizers=(...)).
 _NOT_BUILT = tuple(name for name in _OPTIONAL_PACKAGES if name not in _BITSANDBYTES and name not in (
-    "grokadamw", "stable_adamw", "adamw_torch_4bit", "adamw_torch_8bit", *_SCHEDULE_FREE))
+    "grokadamw", "stable_adamw", "adamw_torch_4bit", "adamw_torch_8bit", *_SCHEDULE_FREE, *_LOW_RANK))
 
 
 def _not_built_message(name: str) -> str:
@@ -1479,6 +1594,7 @@ OPTIMIZERS: dict[str, Callable[..., tuple[Any, dict[str, Any]]]] = {
     "adamw_torch_4bit": partial(_torchao_adamw, "adamw_torch_4bit"),
     "adamw_torch_8bit": partial(_torchao_adamw, "adamw_torch_8bit"),
     **{name: partial(_schedule_free, name) for name in _SCHEDULE_FREE},
+    **{name: partial(_low_rank, name) for name in _LOW_RANK},
     **{name: partial(_not_built, name) for name in _NOT_BUILT},
 }
 
