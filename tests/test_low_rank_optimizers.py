@@ -58,7 +58,7 @@ def _package(optim):
 
 
 def _args(out_dir, optim, lib=None, **overrides):
-    options = dict(optim=optim, optim_args=CASES[optim][0], optim_target_modules=["up", "down"], max_steps=STEPS,
+    options = dict(optim=optim, optim_args=CASES[optim.removesuffix("_layerwise")][0], optim_target_modules=["up", "down"], max_steps=STEPS,
                    per_device_train_batch_size=BATCH, learning_rate=LR, lr_scheduler_type="constant",
                    max_grad_norm=0.0, use_cpu=True, train_sampling_strategy="sequential", seed=0)
     return make_args(out_dir, lib, **{**options, **overrides})
@@ -162,3 +162,103 @@ def test_resumes_bit_identical_and_loads_weights_only(out_dir, optim):
     state = torch.load(out_dir / "a" / "checkpoint-3" / "optimizer.pt", weights_only=True)
     projectors = [s["projector"] for s in state["state"].values() if "projector" in s]
     assert len(projectors) == 2 and all(torch.is_tensor(p["ortho_matrix"]) for p in projectors)
+
+
+# ---------------------------------------------------------------------------------------------
+# layer-wise: one optimizer per parameter, stepped from a gradient hook inside backward
+# ---------------------------------------------------------------------------------------------
+
+LAYERWISE = ["galore_adamw_layerwise", "apollo_adamw_layerwise"]
+
+
+def _base(optim):
+    return optim.removesuffix("_layerwise")
+
+
+def _layerwise_args(out_dir, optim, lib=None, **overrides):
+    return _args(out_dir, optim, lib, **overrides)
+
+
+@pytest.mark.parametrize("optim", LAYERWISE)
+def test_layerwise_trains_like_per_parameter_optimizers_by_hand_and_transformers(out_dir, optim):
+    """Each parameter its own package optimizer (its group's options), stepped once its gradient is complete: the
+    hand loop steps them all after backward, which is the same arithmetic (1e-6). transformers.Trainer agrees."""
+    package = _package(_base(optim))
+    transformers = pytest.importorskip("transformers")
+    out_dir = Path(out_dir)
+    model = Net()
+    trainer = Trainer(model, _layerwise_args(out_dir / "c", optim), train_dataset=_data())
+    trainer.train()
+    assert isinstance(trainer.optimizer, co.LayerwiseOptimizer) and len(trainer.optimizer.optimizers) == 6
+    hand, data = Net(), _data()
+    cls = getattr(package, CASES[_base(optim)][2])
+    target = {id(hand.up.weight), id(hand.down.weight)}
+    opts = [cls([{"params": [p], **(CASES[_base(optim)][3] if id(p) in target else {})}], lr=LR)
+            for p in hand.parameters()]
+    for step in range(STEPS):
+        rows = slice(BATCH * step, BATCH * step + BATCH)
+        hand(data.x[rows], data.y[rows])[0].backward()
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    assert _close(_weights(model), _weights(hand), 1e-6)
+    assert not _close(_weights(model), _weights(Net()), 1e-3)
+    theirs = Net()
+    transformers.Trainer(theirs, _layerwise_args(out_dir / "t", optim, transformers), train_dataset=_data()).train()
+    assert _close(_weights(model), _weights(theirs), 1e-6)
+
+
+def test_layerwise_lr_schedule_reaches_every_parameter_optimizer(out_dir):
+    """A linear decay over 6 steps: one scheduler over the per-parameter optimizers' shared groups sets the lr each
+    hook uses (logged: 1e-2 * (6-k)/6, ending at 0 in every optimizer). transformers 5.24 wraps its layer-wise
+    dummy optimizer in accelerate's before building the scheduler, so its per-parameter optimizers keep the
+    initial lr throughout (pinned here: the README lists the difference)."""
+    _package("galore_adamw")
+    transformers = pytest.importorskip("transformers")
+    out_dir = Path(out_dir)
+    ours = Net()
+    trainer = Trainer(ours, _layerwise_args(out_dir / "c", "galore_adamw_layerwise", lr_scheduler_type="linear",
+                                            logging_steps=1), train_dataset=_data())
+    trainer.train()
+    assert {g["lr"] for o in trainer.optimizer.optimizers.values() for g in o.param_groups} == {0.0}
+    logged = [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h]
+    assert logged == pytest.approx([LR * (STEPS - k) / STEPS for k in range(STEPS)])
+    assert not _close(_weights(ours), _weights(_by_hand("galore_adamw")), 1e-4)  # the decay changed the run
+    hf = transformers.Trainer(Net(), _layerwise_args(out_dir / "t", "galore_adamw_layerwise", transformers,
+                                                     lr_scheduler_type="linear"), train_dataset=_data())
+    hf.train()
+    assert {g["lr"] for o in hf.optimizer.optimizer.optimizer_dict.values() for g in o.param_groups} == {LR}
+
+
+@pytest.mark.parametrize("optim", LAYERWISE)
+def test_layerwise_resumes_bit_identical_and_loads_weights_only(out_dir, optim):
+    _package(_base(optim))
+    out_dir = Path(out_dir)
+    unbroken = Net()
+    Trainer(unbroken, _layerwise_args(out_dir / "a", optim, save_strategy="steps", save_steps=3),
+            train_dataset=_data()).train()
+    resumed = Net()
+    Trainer(resumed, _layerwise_args(out_dir / "b", optim, save_strategy="steps", save_steps=3),
+            train_dataset=_data()).train(resume_from_checkpoint=str(out_dir / "a" / "checkpoint-3"))
+    a, b = _weights(unbroken), _weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    state = torch.load(out_dir / "a" / "checkpoint-3" / "optimizer.pt", weights_only=True)
+    assert len(state["layerwise"]) == 6 and all(s["state"] for s in state["layerwise"])
+
+
+def test_layerwise_refusals_match_transformers(out_dir):
+    """Gradient accumulation: refused by both. max_grad_norm and fp16 (which transformers lets through, clipping
+    or unscaling gradients the hooks already used): refused here, naming the fix."""
+    _package("galore_adamw")
+    transformers = pytest.importorskip("transformers")
+    out_dir = Path(out_dir)
+    ga = dict(gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="does not support gradient accumulation"):
+        transformers.Trainer(Net(), _layerwise_args(out_dir / "t", "galore_adamw_layerwise", transformers, **ga),
+                             train_dataset=_data()).train()
+    for overrides, words in ((ga, "gradient_accumulation_steps=2 cannot add"), ({"max_grad_norm": 1.0},
+                             "max_grad_norm=1.0 cannot clip")):
+        trainer = Trainer(Net(), _layerwise_args(out_dir / "c", "galore_adamw_layerwise", **overrides),
+                          train_dataset=_data())
+        with pytest.raises(ValueError, match=rf"optim='galore_adamw_layerwise' .*{words}.*'galore_adamw'"):
+            trainer.train()

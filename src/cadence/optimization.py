@@ -42,6 +42,7 @@ __all__ = [
     "Adafactor",
     "AdafactorSchedule",
     "GreedyLR",
+    "LayerwiseOptimizer",
     "OPTIMIZERS",
     "SCHEDULERS",
     "TYPE_TO_SCHEDULER_FUNCTION",
@@ -1513,15 +1514,98 @@ def _low_rank_groups(args: Any, model: nn.Module | None, name: str, options: dic
             {"params": [p for n, p in named if n in names], **options}]
 
 
+class LayerwiseOptimizer(Optimizer):
+    """One optimizer per parameter, each stepped by a gradient hook as soon as its parameter's gradient is
+    complete in backward (then that gradient is freed): the ``*_layerwise`` optimizers, which never hold every
+    gradient at once. ``step()`` and ``zero_grad()`` do nothing; ``param_groups`` are the per-parameter
+    optimizers' own groups (the same dicts), so one lr scheduler over this object sets every optimizer's lr,
+    which the next backward uses, as transformers' per-parameter schedulers do. ``state_dict()`` holds every
+    per-parameter optimizer's state in parameter order (transformers' layer-wise checkpoints hold none).
+
+    Args:
+        params: parameter groups; each parameter gets its own ``optimizer_cls`` over ``{**group, "params": [p]}``.
+        optimizer_cls: the optimizer class, built with ``**kwargs``.
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 1)
+        >>> opt = LayerwiseOptimizer([{"params": list(lin.parameters())}], torch.optim.SGD, lr=0.1)
+        >>> before = lin.weight.detach().clone()
+        >>> lin(torch.ones(1, 2)).sum().backward()  # the hooks step each parameter here
+        >>> bool((lin.weight != before).all()), lin.weight.grad is None
+        (True, True)
+    """
+
+    def __init__(self, params: Iterable[dict[str, Any]], optimizer_cls: type[Optimizer], **kwargs: Any):
+        self.optimizers: dict[nn.Parameter, Optimizer] = {}
+        for group in params:
+            for param in group["params"]:
+                self.optimizers[param] = optimizer_cls([{**group, "params": [param]}], **kwargs)
+        super().__init__([torch.zeros(1)], {"lr": kwargs.get("lr", 1e-3)})  # torch's bookkeeping; replaced below
+        self.param_groups = [g for optimizer in self.optimizers.values() for g in optimizer.param_groups]
+        self._hooks = [param.register_post_accumulate_grad_hook(self._step_one)
+                       for param in self.optimizers if param.requires_grad]
+
+    def _step_one(self, param: nn.Parameter) -> None:
+        optimizer = self.optimizers[param]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # the hooks stepped every parameter
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # the hooks freed every gradient
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"layerwise": [optimizer.state_dict() for optimizer in self.optimizers.values()]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict.get("layerwise")
+        if saved is None or len(saved) != len(self.optimizers):
+            raise ValueError(
+                f"this optimizer.pt is not a layer-wise optimizer's state for {len(self.optimizers)} parameters "
+                f"(it holds {'no per-parameter states' if saved is None else f'{len(saved)} of them'}): resume a "
+                "*_layerwise run from its own checkpoints, with the same model"
+            )
+        for optimizer, state in zip(self.optimizers.values(), saved):
+            optimizer.load_state_dict(state)
+        self.param_groups = [g for optimizer in self.optimizers.values() for g in optimizer.param_groups]
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks (the parameters train with another optimizer afterwards)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def _check_layerwise(name: str, args: Any) -> None:
+    """transformers' refusals for a layer-wise optimizer, plus what cannot work with gradients consumed in backward."""
+    fix = f"or use {name.removesuffix('_layerwise')!r}, which steps once per optimizer step"
+    if getattr(args, "world_size", 1) > 1:
+        raise ValueError(f"optim={name!r} does not support several processes (DDP), as in transformers: run one "
+                         f"process, {fix}")
+    if getattr(args, "gradient_accumulation_steps", 1) != 1:
+        raise ValueError(f"optim={name!r} steps each parameter inside backward, so gradient_accumulation_steps="
+                         f"{args.gradient_accumulation_steps} cannot add gradients up (transformers refuses it too): "
+                         f"set gradient_accumulation_steps=1, {fix}")
+    if getattr(args, "max_grad_norm", 0) and args.max_grad_norm > 0:
+        raise ValueError(f"optim={name!r} steps each parameter inside backward, before the gradients' norm is known, "
+                         f"so max_grad_norm={args.max_grad_norm} cannot clip them (transformers silently does not): "
+                         f"set max_grad_norm=0, {fix}")
+    if getattr(args, "fp16", False):
+        raise ValueError(f"optim={name!r} steps inside backward, before fp16 loss scaling unscales the gradients: use "
+                         f"bf16=True or float32, {fix}")
+
+
 # low-rank optim name -> (package, class, its options from optim_args with transformers' defaults)
 _LOW_RANK: dict[str, tuple[str, str, dict[str, tuple[Callable[[Any], Any], Any]]]] = {
     **{name: ("galore_torch", cls, {"rank": (_finite_int, 128), "update_proj_gap": (_finite_int, 200),
                                     "scale": (_finite_float, 0.25), "proj_type": (str, "std")})
-       for name, cls in (("galore_adamw", "GaLoreAdamW"), ("galore_adamw_8bit", "GaLoreAdamW8bit"),
-                         ("galore_adafactor", "GaLoreAdafactor"))},
-    "apollo_adamw": ("apollo_torch", "APOLLOAdamW", {
+       for base, cls in (("galore_adamw", "GaLoreAdamW"), ("galore_adamw_8bit", "GaLoreAdamW8bit"),
+                         ("galore_adafactor", "GaLoreAdafactor")) for name in (base, base + "_layerwise")},
+    **dict.fromkeys(("apollo_adamw", "apollo_adamw_layerwise"), ("apollo_torch", "APOLLOAdamW", {
         "rank": (_finite_int, 128), "proj": (str, "random"), "scale_type": (str, "channel"),
-        "update_proj_gap": (_finite_int, 200), "scale": (_finite_float, 1.0), "proj_type": (str, "std")}),
+        "update_proj_gap": (_finite_int, 200), "scale": (_finite_float, 1.0), "proj_type": (str, "std")})),
 }
 
 
@@ -1535,9 +1619,13 @@ def _low_rank(name: str, args: Any, model: nn.Module | None = None) -> tuple[typ
     options = {key: given.get(key, default) for key, (_, default) in spec.items()}
     if name.startswith("apollo"):  # transformers puts the adam_* fields into APOLLO's low-rank group
         options.update(_adam_options(args))
+    if name.endswith("_layerwise"):
+        _check_layerwise(name, args)
     kwargs: dict[str, Any] = {"lr": args.learning_rate, "params": _low_rank_groups(args, model, name, options)}
-    if name == "galore_adafactor":
-        kwargs.update(scale_parameter=False, relative_step=False)
+    if name.startswith("galore_adafactor"):  # the Trainer's lr and schedule (transformers: not for the layer-wise
+        kwargs.update(scale_parameter=False, relative_step=False)  # one, whose lr with relative_step is refused)
+    if name.endswith("_layerwise"):
+        return LayerwiseOptimizer, {**kwargs, "optimizer_cls": cls}
     return cls, kwargs
 
 
