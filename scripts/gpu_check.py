@@ -306,6 +306,19 @@ def check_deepspeed(fp32, stage):
     report(f"deepspeed ZeRO-{stage}", ok, f"loss rel {rel:.1e} vs plain, files {sorted(files)}, resumed last loss rel {rel_resume:.1e}")
 
 
+def check_low_bit_optimizers(fp32):
+    """galore_adamw_8bit (its package calls CUDA, so CPUs cannot test it) against galore_adamw, and torchao's 8-bit
+    AdamW against the float32 run (adamw_torch): 8-bit moments change the losses a little, so the last loss must be
+    within 5% of its 32-bit twin's (a wrong update, e.g. projectors lost, moves it by far more in 20 steps)."""
+    galore = dict(optim_target_modules=["up", "down"], optim_args="rank=32,update_proj_gap=10")
+    full = losses(run("galore32", optim="galore_adamw", **galore)[0])
+    eight = losses(run("galore8", optim="galore_adamw_8bit", **galore)[0])
+    torchao = losses(run("torchao8", optim="adamw_torch_8bit")[0])
+    rel_galore, rel_torchao = max_rel(eight[-1:], full[-1:]), max_rel(torchao[-1:], fp32[-1:])
+    report("galore 8-bit / torchao 8-bit", rel_galore < 5e-2 and rel_torchao < 5e-2,
+           f"last loss rel {rel_galore:.1e} vs galore_adamw, {rel_torchao:.1e} vs adamw_torch")
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
@@ -317,7 +330,8 @@ def main() -> int:
     checks = {"bf16": lambda: check_bf16(fp32), "fp16": lambda: check_fp16(fp32),
               "compile": lambda: check_compile(fp32_trainer), "checkpointing": check_checkpointing,
               "tf32/empty_cache": check_tf32_and_cache, "async_save": check_async_save,
-              "deepspeed ZeRO-2": lambda: check_deepspeed(fp32_ga, 2), "deepspeed ZeRO-3": lambda: check_deepspeed(fp32_ga, 3)}
+              "deepspeed ZeRO-2": lambda: check_deepspeed(fp32_ga, 2), "deepspeed ZeRO-3": lambda: check_deepspeed(fp32_ga, 3),
+              "low-bit optimizers": lambda: check_low_bit_optimizers(fp32)}
     # the DeepSpeed runs use batch 4 x GA 2: their plain float32 reference has the same global batch (8)
     fp32_ga = losses(run("fp32_ga", per_device_train_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=1.0)[0])
     for name, check in checks.items():

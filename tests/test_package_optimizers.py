@@ -206,7 +206,7 @@ def test_schedule_free_evaluates_and_saves_the_eval_weights(out_dir):
                       train_dataset=data, eval_dataset=data)
     trainer.train()
     # the hand loop, stopped at step 3: its eval() weights are what checkpoint-3 holds and what step 3 evaluated
-    hand, groups = Net(), None
+    hand = Net()
     opt = schedulefree.AdamWScheduleFree(_groups(hand), lr=LR, betas=(B1, B2), eps=EPS, weight_decay=WD,
                                          warmup_steps=2)
     opt.train()
