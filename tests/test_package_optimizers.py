@@ -92,13 +92,21 @@ SLOW = {"adamw_torch_4bit", "adamw_torch_8bit"}  # torch.compile of the step on 
 PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else []) for name in CASES]
 
 
+@pytest.fixture(autouse=True)
+def _compiled_throughout():
+    """torchao compiles its step for each parameter's shapes and state types; past dynamo's recompile limit (8) a
+    step falls back to eager, whose float rounding differs, so a run could mix the two depending on what ran
+    before it in the process. A fresh cache and room for every variant keep each run compiled throughout."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield
+
+
 def _require(optim):
     try:
         importlib.import_module(CASES[optim][2])
     except ImportError:
         pytest.skip(f"{CASES[optim][2]} cannot be imported here")
-    if optim in SLOW:  # torchao compiles its step per parameter shape and falls back to eager past dynamo's
-        torch._dynamo.reset()  # recompile limit: each test starts as a fresh process would, compiled throughout
 
 
 def _args(out_dir, optim, lib=None, **overrides):

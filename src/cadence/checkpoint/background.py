@@ -120,7 +120,9 @@ class BackgroundWriter:
         tensor = tensor.detach()
         if is_traceable_wrapper_subclass(tensor):  # e.g. torchao's 4-/8-bit optimizer states: no storage of its own
             names, context = tensor.__tensor_flatten__()
-            inner = {name: self._copy_tensor(getattr(tensor, name), (*path, name)) for name in names}
+            # fresh copies, not the reused per-path buffers: with those, a torchao 8-bit run resumed after other
+            # runs in the same process read a wrong state (cause not pinned down; fresh copies resume exactly)
+            inner = {name: getattr(tensor, name).detach().to("cpu", copy=True) for name in names}
             return type(tensor).__tensor_unflatten__(inner, context, tensor.size(), tensor.stride())
         alias = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
                  tuple(tensor.stride()), tensor.dtype, tensor.device)
