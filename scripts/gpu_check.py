@@ -581,6 +581,19 @@ def check_memory_metrics():
                                                                              "model_bytes": model_bytes})
 
 
+def check_low_bit_optimizers(fp32):
+    """galore_adamw_8bit (its package calls CUDA, so CPUs cannot test it) against galore_adamw, and torchao's 8-bit
+    AdamW against the float32 run (adamw_torch): 8-bit moments change the losses a little, so the last loss must be
+    within 5% of its 32-bit twin's (a wrong update, e.g. projectors lost, moves it by far more in 20 steps)."""
+    galore = dict(optim_target_modules=["up", "down"], optim_args="rank=32,update_proj_gap=10")
+    full = losses(run("galore32", optim="galore_adamw", **galore)[0])
+    eight = losses(run("galore8", optim="galore_adamw_8bit", **galore)[0])
+    torchao = losses(run("torchao8", optim="adamw_torch_8bit")[0])
+    rel_galore, rel_torchao = max_rel(eight[-1:], full[-1:]), max_rel(torchao[-1:], fp32[-1:])
+    report("galore 8-bit / torchao 8-bit", rel_galore < 5e-2 and rel_torchao < 5e-2,
+           f"last loss rel {rel_galore:.1e} vs galore_adamw, {rel_torchao:.1e} vs adamw_torch")
+
+
 def check_liger():
     name = "liger kernels on a tiny Llama"
     try:
@@ -664,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         "save_timing": (check_save_timing, None),
         "memory": (check_memory_metrics, None),
         "liger": (check_liger, None),
+        "low-bit optimizers": (lambda: check_low_bit_optimizers(losses(fp32_run())), f"{needs_cuda} (galore_adamw_8bit calls CUDA)"),
         # last: they initialise torch.distributed
         "deepspeed ZeRO-2": (lambda: check_deepspeed(fp32_ga(), 2), f"{needs_cuda} (DeepSpeed)"),
         "deepspeed ZeRO-3": (lambda: check_deepspeed(fp32_ga(), 3), f"{needs_cuda} (DeepSpeed)"),

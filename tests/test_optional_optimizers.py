@@ -30,14 +30,17 @@ def _installed(optim):
     return importlib.util.find_spec(co._OPTIONAL_PACKAGES[optim][0]) is not None
 
 
-@pytest.mark.parametrize("optim", [o for o in OPTIONAL if o not in co._NOT_BUILT])
+# GaLore/APOLLO need nn.Linear targets: test_low_rank_optimizers.py trains them
+@pytest.mark.parametrize("optim", [o for o in OPTIONAL if o not in co._NOT_BUILT and o not in co._LOW_RANK])
 def test_installed_package_trains(out_dir, optim):
     if not _installed(optim):
         pytest.skip(f"{co._OPTIONAL_PACKAGES[optim][0]} is not installed here")
     model = RegressionModel()
-    trainer = Trainer(model, make_args(out_dir, optim=optim), train_dataset=RegressionDataset(16))
+    # 8 steps: schedule-free RAdam makes no update while its variance estimate is too young (its first 4)
+    trainer = Trainer(model, make_args(out_dir, optim=optim, max_steps=8), train_dataset=RegressionDataset(16))
     trainer.train()
-    assert type(trainer.optimizer).__module__.startswith(co._OPTIONAL_PACKAGES[optim][0])
+    # the package's class (GrokAdamW: cadence's subclass of it, whose state dict resumes)
+    assert any(c.__module__.startswith(co._OPTIONAL_PACKAGES[optim][0]) for c in type(trainer.optimizer).__mro__)
     assert model.a.item() != 0.0 and all(torch.isfinite(p).all() for p in model.parameters())
 
 

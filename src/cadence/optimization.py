@@ -17,6 +17,7 @@ the same floating-point expressions as transformers', so the per-step learning r
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import inspect
 import logging
@@ -25,7 +26,7 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass
-from functools import partial
+from functools import cache as functools_cache, partial
 from typing import Any, Callable, Iterable
 
 import torch
@@ -33,12 +34,15 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
+from .trainer_utils import check_target_module_exists
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "Adafactor",
     "AdafactorSchedule",
     "GreedyLR",
+    "LayerwiseOptimizer",
     "OPTIMIZERS",
     "SCHEDULERS",
     "TYPE_TO_SCHEDULER_FUNCTION",
@@ -62,8 +66,10 @@ __all__ = [
     "get_reduce_on_plateau_schedule",
     "get_scheduler",
     "get_wsd_schedule",
+    "eval_weights",
     "is_optimizer_factory",
     "parse_optim_args",
+    "set_optimizer_mode",
 ]
 
 
@@ -1314,6 +1320,315 @@ def _bitsandbytes(name: str, args: Any, model: nn.Module | None = None) -> tuple
     return bnb.AdamW, {"lr": args.learning_rate, **_adam_options(args), **bits}
 
 
+@functools_cache
+def _resumable_grokadamw() -> type[Optimizer]:
+    """grokadamw's GrokAdamW, with a state dict that resumes.
+
+    GrokAdamW keeps each parameter's moments in its param group (``group["state"]``), keyed by the parameter
+    object; saved that way, the keys load as new tensors that match no parameter, so a resumed run silently
+    starts from fresh moments (what transformers' checkpoints of it do). Here the group's states are saved as a
+    list in the group's parameter order (tensors and ints: loads with ``weights_only``), and loaded back onto
+    the parameters; a checkpoint in the package's own layout (transformers') is mapped by position too.
+    """
+    from grokadamw import GrokAdamW
+
+    class ResumableGrokAdamW(GrokAdamW):
+        def state_dict(self) -> dict[str, Any]:
+            saved = super().state_dict()
+            for group, packed in zip(self.param_groups, saved["param_groups"]):
+                states = group.get("state", {})
+                packed["state"] = [states.get(p) for p in group["params"]]
+            return saved
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            saved = [group.get("state") for group in state_dict["param_groups"]]
+            super().load_state_dict(state_dict)
+            for index, (group, states) in enumerate(zip(self.param_groups, saved)):
+                states = list(states.values()) if isinstance(states, dict) else states or []
+                if states and len(states) != len(group["params"]):
+                    raise ValueError(
+                        f"the GrokAdamW checkpoint's param group {index} holds {len(states)} parameter states for "
+                        f"{len(group['params'])} parameters: it was saved for another model or parameter grouping"
+                    )
+                group["state"] = {p: state for p, state in zip(group["params"], states) if state is not None}
+
+    ResumableGrokAdamW.__name__ = ResumableGrokAdamW.__qualname__ = "GrokAdamW"
+    return ResumableGrokAdamW
+
+
+def _grokadamw(args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """GrokAdamW: the lr and transformers' five options (its own betas/eps defaults: transformers passes no adam_*)."""
+    _require_package("grokadamw")
+    GrokAdamW = _resumable_grokadamw()
+
+    defaults = {"alpha_init": 0.98, "lamb": 2.0, "gamma": 0.1, "grokking_signal_decay_rate": 0.1,
+                "gradient_clipping": 1.0}
+    options = _optim_options(args, "grokadamw", dict.fromkeys(defaults, _finite_float))
+    return GrokAdamW, {"lr": args.learning_rate, **defaults, **options}
+
+
+def _stable_adamw(args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """torch-optimi's StableAdamW with the adam_* fields and ``decouple_lr``/``max_lr``/``kahan_sum``.
+
+    transformers converts the two flags with ``bool(text)``, so ``kahan_sum=False`` turns Kahan summation
+    on there; here "False" means False (the README lists the difference)."""
+    _require_package("stable_adamw")
+    from optimi import StableAdamW
+
+    options = _optim_options(args, "stable_adamw", {"decouple_lr": _as_bool, "max_lr": _finite_float,
+                                                    "kahan_sum": _as_bool})
+    return StableAdamW, {"lr": args.learning_rate, **_adam_options(args), "weight_decay": args.weight_decay,
+                         "decouple_lr": options.get("decouple_lr", False), "max_lr": options.get("max_lr"),
+                         "kahan_sum": options.get("kahan_sum")}
+
+
+def _torchao_adamw(name: str, args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """torchao's AdamW with 4- or 8-bit states (blocks of ``block_size`` values, 256 as in transformers)."""
+    _require_package(name)
+    try:
+        from torchao.optim import AdamW4bit, AdamW8bit
+    except ImportError:  # torchao < 0.11 kept them under prototype/
+        raise ValueError(f"optim={name!r} needs torchao >= 0.11 (torchao.optim): pip install -U torchao") from None
+
+    options = _optim_options(args, name, {"block_size": _finite_int, "bf16_stochastic_round": _as_bool})
+    cls = AdamW4bit if name == "adamw_torch_4bit" else AdamW8bit
+    return cls, {"lr": args.learning_rate, "block_size": options.get("block_size", 256),
+                 "bf16_stochastic_round": options.get("bf16_stochastic_round", False), **_adam_options(args)}
+
+
+# schedule-free optim name -> (schedulefree's class, takes the adam_* fields, takes warmup_steps): transformers' choice
+_SCHEDULE_FREE = {
+    "schedule_free_adamw": ("AdamWScheduleFree", True, True),
+    "schedule_free_radam": ("RAdamScheduleFree", True, False),  # RAdam warms itself up
+    "schedule_free_sgd": ("SGDScheduleFree", False, True),
+}
+
+
+def _schedule_free(name: str, args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """A schedule-free optimizer (its own warmup and iterate averaging; the Trainer switches its
+    ``train()``/``eval()`` modes: see :func:`set_optimizer_mode`)."""
+    _require_package(name)
+    import schedulefree
+
+    class_name, adam, warmup = _SCHEDULE_FREE[name]
+    cls = getattr(schedulefree, class_name, None)
+    if cls is None:
+        raise ValueError(f"optim={name!r} needs schedulefree >= 1.4 ({class_name}): pip install -U schedulefree")
+    options = _optim_options(args, name, {"weight_lr_power": _finite_float, "r": _finite_float})
+    kwargs = {"lr": args.learning_rate, **(_adam_options(args) if adam else {}), "weight_decay": args.weight_decay}
+    if warmup:
+        steps = getattr(args, "warmup_steps", 0) or 0
+        if 0 < steps < 1:  # transformers passes the ratio on as a step count (0.1 "steps": lr x10 at step 0)
+            raise ValueError(
+                f"warmup_steps={steps!r} is a ratio, but optim={name!r} warms up inside the optimizer, which is "
+                "built before the run's length is known: pass warmup_steps as a number of steps (e.g. 100)"
+            )
+        kwargs["warmup_steps"] = int(steps)
+    kwargs["weight_lr_power"] = options.get("weight_lr_power", 2.0)
+    kwargs["r"] = options.get("r", 0.0)
+    return cls, kwargs
+
+
+# The projector classes a low-rank optimizer's state may hold: (module, class) -> how a checkpoint names it.
+_PROJECTORS = {
+    ("galore_torch.galore_projector", "GaLoreProjector"): "galore",
+    ("apollo_torch.svd_projector", "GaLoreProjector"): "apollo_svd",
+    ("apollo_torch.random_projector", "GradientProjector"): "apollo_random",
+}
+
+
+def _projector_class(kind: str) -> type:
+    module, name = next(key for key, value in _PROJECTORS.items() if value == kind)
+    return getattr(importlib.import_module(module), name)
+
+
+@functools_cache
+def _with_plain_projectors(cls: type[Optimizer]) -> type[Optimizer]:
+    """``cls`` (a GaLore or APOLLO optimizer) whose state dict holds each projector as a dict of its fields.
+
+    The packages keep a projector object per parameter (``state["projector"]``: rank, scale, the projection
+    matrix, ...); pickled as it is, ``torch.load(weights_only=True)`` refuses it. Saved as ``{"projector_kind":
+    ..., **fields}`` it is tensors, numbers and strings, and is rebuilt on load from one of the three known
+    classes only (:data:`_PROJECTORS`), so no pickle global is added.
+    """
+
+    class PlainProjectors(cls):
+        def state_dict(self) -> dict[str, Any]:
+            saved = super().state_dict()
+            for key, state in saved["state"].items():
+                projector = state.get("projector")
+                if projector is not None and not isinstance(projector, dict):
+                    kind = _PROJECTORS[(type(projector).__module__, type(projector).__name__)]
+                    # a new dict: the per-parameter dicts are the live state's
+                    saved["state"][key] = {**state, "projector": {"projector_kind": kind, **vars(projector)}}
+            return saved
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            # taken out first: torch's load casts a state's values and would turn their strings into generators
+            states, projectors = dict(state_dict["state"]), {}
+            for key, state in states.items():
+                if isinstance(state.get("projector"), dict):
+                    projectors[key] = state["projector"]
+                    states[key] = {k: v for k, v in state.items() if k != "projector"}
+            super().load_state_dict({**state_dict, "state": states})
+            params = [p for group in self.param_groups for p in group["params"]]  # a state's key: its index here
+            for key, fields in projectors.items():
+                fields = {k: v.to(params[key].device) if torch.is_tensor(v) else v for k, v in fields.items()}
+                projector = object.__new__(_projector_class(fields.pop("projector_kind")))
+                vars(projector).update(fields)
+                self.state[params[key]]["projector"] = projector
+
+    PlainProjectors.__name__ = PlainProjectors.__qualname__ = cls.__name__
+    return PlainProjectors
+
+
+def _low_rank_groups(args: Any, model: nn.Module | None, name: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """transformers' two groups for GaLore/APOLLO: every parameter not targeted, then the targeted weights with the
+    low-rank ``options``. Targeted: the ``nn.Linear`` modules that ``optim_target_modules`` names (a regex
+    string, a list of names, substrings or regexes, or "all-linear")."""
+    targets = getattr(args, "optim_target_modules", None)
+    if targets is None:
+        raise ValueError(f"optim={name!r} needs optim_target_modules: the modules whose weights it projects, e.g. "
+                         "optim_target_modules=['attn', 'mlp'] or 'all-linear'")
+    if not isinstance(targets, (list, str)):
+        raise TypeError(f"optim_target_modules={targets!r} is invalid: it must be a list of strings, a regex string "
+                        "or 'all-linear'")
+    if model is None:
+        raise ValueError(f"optim={name!r} needs the model to find optim_target_modules in")
+    all_linear = isinstance(targets, str) and targets.replace("_", "-") == "all-linear"
+    names = set()
+    for module_name, module in model.named_modules():
+        found, is_regex = check_target_module_exists(targets, module_name, return_is_regex=True)
+        if not isinstance(module, nn.Linear):
+            if found and not is_regex:
+                logger.warning("%s matched optim_target_modules but is no nn.Linear: %s leaves it out", module_name,
+                               name)
+            continue
+        if found or all_linear:
+            names.add(module_name + ".weight")
+    if not names:
+        raise ValueError(f"optim_target_modules={targets!r} matches no nn.Linear module of the model, so optim={name!r} "
+                         "has nothing to project: name modules of model.named_modules(), or pass 'all-linear'")
+    named = list(model.named_parameters())
+    return [{"params": [p for n, p in named if n not in names]},
+            {"params": [p for n, p in named if n in names], **options}]
+
+
+class LayerwiseOptimizer(Optimizer):
+    """One optimizer per parameter, each stepped by a gradient hook as soon as its parameter's gradient is
+    complete in backward (then that gradient is freed): the ``*_layerwise`` optimizers, which never hold every
+    gradient at once. ``step()`` and ``zero_grad()`` do nothing; ``param_groups`` are the per-parameter
+    optimizers' own groups (the same dicts), so one lr scheduler over this object sets every optimizer's lr,
+    which the next backward uses, as transformers' per-parameter schedulers do. ``state_dict()`` holds every
+    per-parameter optimizer's state in parameter order (transformers' layer-wise checkpoints hold none).
+
+    Args:
+        params: parameter groups; each parameter gets its own ``optimizer_cls`` over ``{**group, "params": [p]}``.
+        optimizer_cls: the optimizer class, built with ``**kwargs``.
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 1)
+        >>> opt = LayerwiseOptimizer([{"params": list(lin.parameters())}], torch.optim.SGD, lr=0.1)
+        >>> before = lin.weight.detach().clone()
+        >>> lin(torch.ones(1, 2)).sum().backward()  # the hooks step each parameter here
+        >>> bool((lin.weight != before).all()), lin.weight.grad is None
+        (True, True)
+    """
+
+    def __init__(self, params: Iterable[dict[str, Any]], optimizer_cls: type[Optimizer], **kwargs: Any):
+        self.optimizers: dict[nn.Parameter, Optimizer] = {}
+        for group in params:
+            for param in group["params"]:
+                self.optimizers[param] = optimizer_cls([{**group, "params": [param]}], **kwargs)
+        super().__init__([torch.zeros(1)], {"lr": kwargs.get("lr", 1e-3)})  # torch's bookkeeping; replaced below
+        self.param_groups = [g for optimizer in self.optimizers.values() for g in optimizer.param_groups]
+        self._hooks = [param.register_post_accumulate_grad_hook(self._step_one)
+                       for param in self.optimizers if param.requires_grad]
+
+    def _step_one(self, param: nn.Parameter) -> None:
+        optimizer = self.optimizers[param]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # the hooks stepped every parameter
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # the hooks freed every gradient
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"layerwise": [optimizer.state_dict() for optimizer in self.optimizers.values()]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict.get("layerwise")
+        if saved is None or len(saved) != len(self.optimizers):
+            raise ValueError(
+                f"this optimizer.pt is not a layer-wise optimizer's state for {len(self.optimizers)} parameters "
+                f"(it holds {'no per-parameter states' if saved is None else f'{len(saved)} of them'}): resume a "
+                "*_layerwise run from its own checkpoints, with the same model"
+            )
+        for optimizer, state in zip(self.optimizers.values(), saved):
+            optimizer.load_state_dict(state)
+        self.param_groups = [g for optimizer in self.optimizers.values() for g in optimizer.param_groups]
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks (the parameters train with another optimizer afterwards)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def _check_layerwise(name: str, args: Any) -> None:
+    """transformers' refusals for a layer-wise optimizer, plus what cannot work with gradients consumed in backward."""
+    fix = f"or use {name.removesuffix('_layerwise')!r}, which steps once per optimizer step"
+    if getattr(args, "world_size", 1) > 1:
+        raise ValueError(f"optim={name!r} does not support several processes (DDP), as in transformers: run one "
+                         f"process, {fix}")
+    if getattr(args, "gradient_accumulation_steps", 1) != 1:
+        raise ValueError(f"optim={name!r} steps each parameter inside backward, so gradient_accumulation_steps="
+                         f"{args.gradient_accumulation_steps} cannot add gradients up (transformers refuses it too): "
+                         f"set gradient_accumulation_steps=1, {fix}")
+    if getattr(args, "max_grad_norm", 0) and args.max_grad_norm > 0:
+        raise ValueError(f"optim={name!r} steps each parameter inside backward, before the gradients' norm is known, "
+                         f"so max_grad_norm={args.max_grad_norm} cannot clip them (transformers silently does not): "
+                         f"set max_grad_norm=0, {fix}")
+    if getattr(args, "fp16", False):
+        raise ValueError(f"optim={name!r} steps inside backward, before fp16 loss scaling unscales the gradients: use "
+                         f"bf16=True or float32, {fix}")
+
+
+# low-rank optim name -> (package, class, its options from optim_args with transformers' defaults)
+_LOW_RANK: dict[str, tuple[str, str, dict[str, tuple[Callable[[Any], Any], Any]]]] = {
+    **{name: ("galore_torch", cls, {"rank": (_finite_int, 128), "update_proj_gap": (_finite_int, 200),
+                                    "scale": (_finite_float, 0.25), "proj_type": (str, "std")})
+       for base, cls in (("galore_adamw", "GaLoreAdamW"), ("galore_adamw_8bit", "GaLoreAdamW8bit"),
+                         ("galore_adafactor", "GaLoreAdafactor")) for name in (base, base + "_layerwise")},
+    **dict.fromkeys(("apollo_adamw", "apollo_adamw_layerwise"), ("apollo_torch", "APOLLOAdamW", {
+        "rank": (_finite_int, 128), "proj": (str, "random"), "scale_type": (str, "channel"),
+        "update_proj_gap": (_finite_int, 200), "scale": (_finite_float, 1.0), "proj_type": (str, "std")})),
+}
+
+
+def _low_rank(name: str, args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
+    """GaLore / APOLLO: the targeted weights projected to a low rank, every other parameter a plain group (no
+    weight decay in either, as transformers groups them)."""
+    _require_package(name)
+    package, class_name, spec = _LOW_RANK[name]
+    cls = _with_plain_projectors(getattr(importlib.import_module(package), class_name))
+    given = _optim_options(args, name, {key: convert for key, (convert, _) in spec.items()})
+    options = {key: given.get(key, default) for key, (_, default) in spec.items()}
+    if name.startswith("apollo"):  # transformers puts the adam_* fields into APOLLO's low-rank group
+        options.update(_adam_options(args))
+    if name.endswith("_layerwise"):
+        _check_layerwise(name, args)
+    kwargs: dict[str, Any] = {"lr": args.learning_rate, "params": _low_rank_groups(args, model, name, options)}
+    if name.startswith("galore_adafactor"):  # the Trainer's lr and schedule (transformers: not for the layer-wise
+        kwargs.update(scale_parameter=False, relative_step=False)  # one, whose lr with relative_step is refused)
+    if name.endswith("_layerwise"):
+        return LayerwiseOptimizer, {**kwargs, "optimizer_cls": cls}
+    return cls, kwargs
+
+
 # Optimizers that need a package torch does not ship: optim name -> (import name, pip command).
 _OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
     **dict.fromkeys(_BITSANDBYTES, ("bitsandbytes", "pip install -U bitsandbytes")),
@@ -1340,7 +1655,8 @@ _OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
 }
 
 # transformers has these; cadence does not build them yet (users can pass optimizers=(...)).
-_NOT_BUILT = tuple(name for name in _OPTIONAL_PACKAGES if name not in _BITSANDBYTES)
+_NOT_BUILT = tuple(name for name in _OPTIONAL_PACKAGES if name not in _BITSANDBYTES and name not in (
+    "grokadamw", "stable_adamw", "adamw_torch_4bit", "adamw_torch_8bit", *_SCHEDULE_FREE, *_LOW_RANK))
 
 
 def _not_built_message(name: str) -> str:
@@ -1361,6 +1677,12 @@ OPTIMIZERS: dict[str, Callable[..., tuple[Any, dict[str, Any]]]] = {
     "adafactor": _adafactor,
     **{name: partial(_torch_optimizer, name, cls, conv) for name, (cls, conv) in _TORCH_OPTIMIZERS.items()},
     **{name: partial(_bitsandbytes, name) for name in _BITSANDBYTES},
+    "grokadamw": _grokadamw,
+    "stable_adamw": _stable_adamw,
+    "adamw_torch_4bit": partial(_torchao_adamw, "adamw_torch_4bit"),
+    "adamw_torch_8bit": partial(_torchao_adamw, "adamw_torch_8bit"),
+    **{name: partial(_schedule_free, name) for name in _SCHEDULE_FREE},
+    **{name: partial(_low_rank, name) for name in _LOW_RANK},
     **{name: partial(_not_built, name) for name in _NOT_BUILT},
 }
 
@@ -1468,3 +1790,39 @@ def create_optimizer(
     if optimizer_cls.__module__.startswith("bitsandbytes") and kwargs.get("optim_bits") == 8:
         _keep_embeddings_32bit(model)
     return optimizer
+
+
+def set_optimizer_mode(optimizer: Any, training: bool) -> None:
+    """Switch an optimizer that has ``train()``/``eval()`` (schedule-free ones) into that mode; others are untouched.
+
+    A schedule-free optimizer trains on one point (y) and averages another (x): ``eval()`` puts x into the
+    parameters, ``train()`` puts y back. The Trainer calls it where transformers does (``training_step``:
+    train; ``evaluation_loop``: eval), and also around checkpoints and ``save_model`` and at the end of
+    ``train()``, so whatever is evaluated or saved holds the averaged weights.
+
+    Args:
+        optimizer: the optimizer (or None).
+        training: True for ``train()``, False for ``eval()``.
+
+    Example:
+        >>> set_optimizer_mode(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), training=False)
+    """
+    switch = getattr(optimizer, "train" if training else "eval", None)
+    if callable(switch):
+        switch()
+
+
+@contextlib.contextmanager
+def eval_weights(optimizer: Any, restore: bool = True):
+    """The parameters hold the optimizer's evaluation weights inside the block (see :func:`set_optimizer_mode`).
+
+    Args:
+        optimizer: the optimizer (or None).
+        restore: switch back to training mode afterwards (inside ``train()``).
+    """
+    set_optimizer_mode(optimizer, training=False)
+    try:
+        yield
+    finally:
+        if restore:
+            set_optimizer_mode(optimizer, training=True)

@@ -925,6 +925,7 @@ class Trainer:
                 "train(resume_from_checkpoint=True)", jit.requested, self.state.global_step, self.state.max_steps,
                 self.state.global_step)
         self.log(metrics)
+        optimization.set_optimizer_mode(self.optimizer, training=False)  # schedule-free: end on the averaged weights
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
         self.model.eval()
@@ -943,6 +944,7 @@ class Trainer:
         """
         inputs = self._prepare_inputs(inputs)  # a subclass may build the batch here (TRL's GRPO generates)
         checks.check_batch(inputs)
+        optimization.set_optimizer_mode(self.optimizer, training=True)  # schedule-free: back to its training point
         with self.compute_loss_context_manager():
             count = {"num_items_in_batch": num_items_in_batch} if self._compute_loss_takes_items else {}
             try:
@@ -1161,6 +1163,7 @@ class Trainer:
         if not self.is_in_train:  # fp16/bf16_full_eval: cast in place, as transformers (never mid-training)
             model = self.backend.cast_for_eval(model)
         model.eval()
+        optimization.set_optimizer_mode(self.optimizer, training=False)  # schedule-free: its averaged weights
         self.callback_handler.eval_dataloader = dataloader
         logger.info(f"\n***** Running {description} *****")  # transformers' wording, which tools grep for
         dataset = getattr(dataloader, "dataset", None)  # a subclass may return a plain iterable of batches
@@ -1277,7 +1280,8 @@ class Trainer:
                 self.state.best_model_checkpoint = str(best)
         in_background = args.async_save and self.backend.saves_in_background
         saver = self._checkpoint_writer if in_background else None
-        folder = save_load.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args, saver)
+        with optimization.eval_weights(self.optimizer, restore=self.is_in_train):  # schedule-free: averaged weights
+            folder = save_load.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args, saver)
         # on_save, when it fires later, sees the state of this step (callbacks find checkpoint-{global_step} by it)
         self._unannounced_save = (folder, _state_at_save(self.state)) if in_background else None
         return folder
@@ -1388,10 +1392,12 @@ class Trainer:
         """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         self._collect_save(wait=True, reason="save_model")
-        weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
-        if self.args.should_save:
-            logger.info(f"Saving model checkpoint to {output_dir}")
-            save_load.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, weights, self.args)
+        with optimization.eval_weights(self.optimizer, restore=self.is_in_train):  # schedule-free: averaged weights
+            weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
+            if self.args.should_save:
+                logger.info(f"Saving model checkpoint to {output_dir}")
+                save_load.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, weights,
+                                     self.args)
         self.backend.barrier()
         if self.args.push_to_hub and not _internal_call:  # transformers: a save is also a push
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)

@@ -192,7 +192,9 @@ class TrainingArguments:
     adam_beta2: float = field(default=0.999, metadata=_help("Adam's decay rate of the second-moment average."))
     adam_epsilon: float = field(default=1e-8, metadata=_help("Adam's denominator term that avoids dividing by 0."))
     optim_target_modules: None | str | list[str] = field(
-        default=None, metadata=_help("Module names that GaLore/APOLLO-style optimizers apply to." + _NOT_BUILT)
+        default=None,
+        metadata=_help("The nn.Linear modules whose weights GaLore/APOLLO optimizers project: a regex string, a list "
+                       "of names, substrings or regexes, or 'all-linear'."),
     )
 
     # --- Gradients ---
@@ -1112,7 +1114,6 @@ _NOT_YET_BUILT: dict[str, str] = {
     "use_liger_kernel": "Liger kernels",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
     "accelerator_config": "accelerator_config",
-    "optim_target_modules": "GaLore/APOLLO target modules",
 }
 
 # Settings cadence refuses on purpose, with the reason.

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .. import backend
 
@@ -117,6 +118,12 @@ class BackgroundWriter:
 
     def _copy_tensor(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
         tensor = tensor.detach()
+        if is_traceable_wrapper_subclass(tensor):  # e.g. torchao's 4-/8-bit optimizer states: no storage of its own
+            names, context = tensor.__tensor_flatten__()
+            # fresh copies, not the reused per-path buffers: with those, a torchao 8-bit run resumed after other
+            # runs in the same process read a wrong state (cause not pinned down; fresh copies resume exactly)
+            inner = {name: getattr(tensor, name).detach().to("cpu", copy=True) for name in names}
+            return type(tensor).__tensor_unflatten__(inner, context, tensor.size(), tensor.stride())
         alias = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
                  tuple(tensor.stride()), tensor.dtype, tensor.device)
         if tensor.numel() and alias in self._aliases:  # a tied weight: the same copy under both names
