@@ -84,9 +84,6 @@ def test_trl_trainer_matches_transformers(case, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 27 (sentence-transformers half): under bf16 transformers autocasts only "
-                                       "the forward and hands float32 outputs to compute_loss; cadence autocasts all "
-                                       "of compute_loss, so RewardTrainer's loss is computed in bfloat16")
 @pytest.mark.parametrize("case", ["reward", "distillation"])
 def test_trl_bf16_loss_from_outputs_matches_transformers(case, tmp_path_factory):
     compare(result(case, False, tmp_path_factory), result(case, True, tmp_path_factory))

@@ -978,8 +978,10 @@ class Trainer:
         return inputs
 
     def compute_loss_context_manager(self):
-        """The context of forward and loss: autocast with ``bf16``/``fp16`` (HF's name, for subclasses)."""
-        return self.backend.autocast()
+        """The context ``compute_loss`` runs in (HF's name, for subclasses). With ``bf16``/``fp16`` the prepared model's
+        forward autocasts itself and returns float32 outputs, as accelerate's does in transformers, so this is empty
+        and a loss computed from the outputs is float32; under FSDP it autocasts forward and loss."""
+        return self.backend.loss_context()
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         """The loss of one batch: ``compute_loss_func`` > label smoothing > the model's own loss.
@@ -1604,7 +1606,7 @@ class Trainer:
         return 1
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
-        """The forward's mixed-precision context (the same as ``compute_loss_context_manager``)."""
+        """The mixed-precision context (the same as ``compute_loss_context_manager``)."""
         return self.compute_loss_context_manager()
 
     def end(self) -> None:
