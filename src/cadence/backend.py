@@ -719,11 +719,12 @@ def process_state(args: Any):
 
 
 def require_configured_state(args: Any) -> None:
-    """``accelerator_config={"use_configured_state": True}``: accelerate's state must exist already (transformers'
-    rule); it is then the run's ``distributed_state``."""
+    """``accelerator_config={"use_configured_state": True}``: on several processes accelerate's state must exist
+    already (transformers' rule); it is then the run's ``distributed_state``. One process needs none: cadence never
+    resets the state, so there is nothing to keep (sentence-transformers builds such arguments inside its Trainer)."""
     from accelerate import PartialState
 
-    if not PartialState._shared_state:
+    if not PartialState._shared_state and args.world_size > 1:
         raise ValueError(
             "accelerator_config use_configured_state=True is invalid here: no accelerate PartialState or "
             "AcceleratorState was created before the TrainingArguments; create one first (accelerate.PartialState()) "

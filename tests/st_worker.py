@@ -1,0 +1,65 @@
+"""One sentence-transformers training run, on transformers' Trainer or (``--cadence``) on cadence's: the logged losses
+and final weights go to OUT/result.pt. Usage: st_worker.py CASE OUT [--cadence]. Tiny BERT from a config, a word-level
+tokenizer built here, local data: no Hub."""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+case, out = sys.argv[1], sys.argv[2]
+if "--cadence" in sys.argv:
+    import cadence
+
+    cadence.patch_transformers()
+
+from datasets import Dataset  # noqa: E402
+from tiny import word_tokenizer  # noqa: E402
+from transformers import BertConfig, BertModel, BertForSequenceClassification, TrainerCallback  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(30)]  # tiny.word_tokenizer's vocabulary
+
+
+def texts(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [" ".join(WORDS[i] for i in torch.randint(len(WORDS), (6,), generator=g).tolist()) for _ in range(n)]
+
+
+tokenizer = word_tokenizer()
+config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=64)
+torch.manual_seed(0)
+
+
+class Record(TrainerCallback):
+    losses = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.losses += [(state.global_step, k, float(v)) for k, v in (logs or {}).items()
+                        if isinstance(v, (int, float))]
+
+
+common = dict(output_dir=out, per_device_train_batch_size=4, max_steps=4, logging_steps=1, learning_rate=1e-3,
+              save_strategy="no", report_to="none", use_cpu=True, seed=7, disable_tqdm=True)
+pairs = Dataset.from_dict({"anchor": texts(16, 1), "positive": texts(16, 2)})
+
+if case == "sentence_transformer":
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.models import Pooling, Transformer
+
+    model_dir = os.path.join(out, "bert")
+    BertModel(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    model = SentenceTransformer(modules=[Transformer(model_dir), Pooling(32)])
+    args = SentenceTransformerTrainingArguments(**common)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs,
+                                         loss=MultipleNegativesRankingLoss(model), callbacks=[Record()])
+else:
+    raise SystemExit(f"unknown case {case}")
+
+trainer.train()
+torch.save({"losses": Record.losses, "weights": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}},
+           os.path.join(out, "result.pt"))
