@@ -57,6 +57,19 @@ if case == "sentence_transformer":
     args = SentenceTransformerTrainingArguments(**common)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs,
                                          loss=MultipleNegativesRankingLoss(model), callbacks=[Record()])
+elif case == "cross_encoder":
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+    model_dir = os.path.join(out, "bert")
+    BertForSequenceClassification(BertConfig(**config.to_dict(), num_labels=1)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    model = CrossEncoder(model_dir, num_labels=1)
+    labelled = Dataset.from_dict({"sentence1": texts(16, 1), "sentence2": texts(16, 2),
+                                  "label": [float(i % 2) for i in range(16)]})
+    args = CrossEncoderTrainingArguments(**common)
+    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=labelled, loss=BinaryCrossEntropyLoss(model),
+                                  callbacks=[Record()])
 else:
     raise SystemExit(f"unknown case {case}")
 
