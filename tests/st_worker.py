@@ -70,6 +70,20 @@ elif case == "cross_encoder":
     args = CrossEncoderTrainingArguments(**common)
     trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=labelled, loss=BinaryCrossEntropyLoss(model),
                                   callbacks=[Record()])
+elif case == "sparse_encoder":
+    from sentence_transformers.sparse_encoder import SparseEncoder, SparseEncoderTrainer, SparseEncoderTrainingArguments
+    from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
+    from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+    from transformers import BertForMaskedLM
+
+    model_dir = os.path.join(out, "bert")
+    BertForMaskedLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    model = SparseEncoder(modules=[MLMTransformer(model_dir), SpladePooling("max")])
+    loss = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model), query_regularizer_weight=5e-5,
+                      document_regularizer_weight=3e-5)
+    args = SparseEncoderTrainingArguments(**common)
+    trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=pairs, loss=loss, callbacks=[Record()])
 else:
     raise SystemExit(f"unknown case {case}")
 
