@@ -84,6 +84,19 @@ elif case == "sparse_encoder":
                       document_regularizer_weight=3e-5)
     args = SparseEncoderTrainingArguments(**common)
     trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=pairs, loss=loss, callbacks=[Record()])
+elif case == "multi_vector_encoder":
+    from sentence_transformers.multi_vector_encoder import (MultiVectorEncoder, MultiVectorEncoderTrainer,
+                                                            MultiVectorEncoderTrainingArguments)
+    from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
+
+    model_dir = os.path.join(out, "bert")
+    BertModel(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    torch.manual_seed(1)  # the projection MultiVectorEncoder adds
+    model = MultiVectorEncoder(model_dir)
+    args = MultiVectorEncoderTrainingArguments(**common)
+    trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=pairs,
+                                        loss=MultiVectorMultipleNegativesRankingLoss(model), callbacks=[Record()])
 else:
     raise SystemExit(f"unknown case {case}")
 

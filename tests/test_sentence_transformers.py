@@ -1,5 +1,5 @@
 """sentence-transformers' trainers on cadence (issue 27): ``cadence.patch_transformers()`` before importing
-sentence_transformers makes SentenceTransformerTrainer, CrossEncoderTrainer and SparseEncoderTrainer subclasses of cadence's Trainer; it then logs transformers'
+sentence_transformers makes its four trainers (SentenceTransformer, CrossEncoder, SparseEncoder, MultiVectorEncoder) subclasses of cadence's Trainer; it then logs transformers'
 losses and ends on transformers' weights.
 
 Each comparison runs ``tests/st_worker.py`` twice in fresh processes (transformers' Trainer, then cadence's: a patch
@@ -30,7 +30,7 @@ def run_worker(case: str, cadence: bool, out: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["sentence_transformer", "cross_encoder", "sparse_encoder"])
+@pytest.mark.parametrize("case", ["sentence_transformer", "cross_encoder", "sparse_encoder", "multi_vector_encoder"])
 def test_sentence_transformers_trainer_matches_transformers(case, tmp_path):
     reference = run_worker(case, False, str(tmp_path / "hf"))
     ours = run_worker(case, True, str(tmp_path / "cadence"))
