@@ -230,3 +230,66 @@ def test_fp16_resume_restores_the_loss_scale(tmp_path):
     assert resumed.backend.scaler.get_scale() == full.backend.scaler.get_scale() == 32768.0
     for name, value in full.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[name], value), name
+
+
+def _pairwise_trainer(base):
+    """A subclass computing its own loss from the model's outputs, as TRL's RewardTrainer does (a pairwise
+    log-sigmoid of two scores); records the dtype of the logits it is handed."""
+
+    class PairwiseTrainer(base):
+        seen: set
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(input_ids=inputs["input_ids"])
+            self.seen.add(outputs.logits.dtype)
+            scores = outputs.logits[:, -1, :2]
+            loss = -torch.nn.functional.logsigmoid(scores[:, 0] - scores[:, 1]).mean()
+            return (loss, outputs) if return_outputs else loss
+
+    return PairwiseTrainer
+
+
+def test_bf16_loss_computed_from_outputs_is_float32_as_in_transformers(out_dir):
+    """Under bf16, accelerate autocasts only the model's forward and converts its outputs to float32, so a loss a
+    subclass computes from the outputs is float32 in transformers; cadence does the same. Both then run the same
+    arithmetic in the same order: 1e-6 relative is float rounding (measured 0.0 on this machine), while a loss
+    computed in bfloat16 (cadence before: autocast around all of compute_loss) differs by ~1e-3."""
+    transformers = pytest.importorskip("transformers")
+    import cadence
+
+    model = tiny_gpt2(seed=4)
+    runs = {}
+    for lib in (transformers, cadence):
+        args = lib.TrainingArguments(
+            output_dir=f"{out_dir}/{lib.__name__}", bf16=True, per_device_train_batch_size=4, max_steps=6,
+            learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, seed=11,
+            use_cpu=True)
+        trainer = _pairwise_trainer(lib.Trainer)(model=copy.deepcopy(model), args=args, train_dataset=LMDataset(24),
+                                                 data_collator=pad_collate)
+        trainer.seen = set()
+        trainer.train()
+        runs[lib.__name__] = (_losses(trainer), trainer.seen, trainer.model.state_dict())
+    (hf, hf_seen, hf_w), (ours, our_seen, our_w) = runs["transformers"], runs["cadence"]
+    assert hf_seen == our_seen == {torch.float32}
+    assert len(ours) == len(hf) == 6
+    for h, c in zip(hf, ours):
+        assert c == pytest.approx(h, rel=1e-6)
+    for name, w in hf_w.items():
+        assert torch.allclose(our_w[name], w, rtol=0, atol=1e-6), name
+
+
+def test_bf16_forward_wrapper_follows_each_run(out_dir):
+    """The forward's autocast is put on the model once per precision: a deepcopy (a reference model) keeps its own
+    forward, and a float32 run after a bf16 one on the same model computes in float32."""
+    model = tiny_gpt2(seed=5)
+    dtypes = _OutputDtypes(model.lm_head)
+    bf16 = Trainer(model, make_args(f"{out_dir}/a", bf16=True, max_steps=1), train_dataset=LMDataset(8),
+                   data_collator=lm_collate)
+    bf16.train()
+    twin = copy.deepcopy(model)
+    batch = lm_collate([LMDataset(2)[i] for i in range(2)])
+    assert twin(**batch).logits.dtype == torch.float32  # outputs converted, computed by the copy itself
+    assert twin.forward.__self__ is twin
+    dtypes.seen.clear()
+    Trainer(model, make_args(f"{out_dir}/b", max_steps=1), train_dataset=LMDataset(8), data_collator=lm_collate).train()
+    assert set(dtypes.seen) == {torch.float32}

@@ -68,7 +68,6 @@ def test_optimizer_names_match_transformers(hf, name):
 
 # Keys whose HF value after __post_init__ depends on the environment or on features cadence refuses.
 _POST_INIT_SKIP = {
-    "accelerator_config": "HF fills an AcceleratorConfig; cadence refuses accelerator_config, keeps None",
     "disable_tqdm": "depends on each library's own logger level",
     "report_to": "HF adds 'kubeflow' inside Kubeflow jobs",
 }
@@ -333,7 +332,6 @@ def test_best_model_settings_pass_the_combination_checks():
 # the earlier checks.
 _ON_VALUE = {
     "include_num_input_tokens_seen": "all",
-    "accelerator_config": {"split_batches": True},
     "fsdp": "full_shard",
     "fsdp_config": {"version": 2},
     "deepspeed": {"zero_optimization": {"stage": 2}},

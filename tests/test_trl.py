@@ -6,8 +6,8 @@ patch cannot be undone inside one process), on a tiny Llama built from a config,
 and ``datasets.Dataset.from_list`` data: no Hub. Both runs do the same float32 arithmetic in the same order, so
 1e-5 (absolute) is far above what they differ by (0.0 on this machine) and far below any real difference: the bugs
 these guard (columns dropped, the batch collated twice, a recursion, a different loss scaling) move losses by 1e-3
-and more. The bf16 runs differ until mixed precision follows accelerate (autocast the forward, outputs to float32,
-the sentence-transformers half of issue 27): those two are marked xfail(strict), so they fail loudly once it lands.
+and more. The bf16 runs compare the same way: cadence autocasts only the forward and hands float32 outputs to compute_loss, as
+accelerate does for transformers, so both do the same bfloat16 forward and float32 loss (measured equal).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import dist_exit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = 1e-5
-# logged numbers that measure time, or that cadence does not take from a subclass yet (num_tokens: TRL adds to
-# state.num_input_tokens_seen itself; cadence's log overwrites it — the sentence-transformers half of issue 27)
+# logged numbers that measure time; num_tokens (TRL adds to state.num_input_tokens_seen itself) is compared for GRPO
+# in test_grpo_num_tokens_matches_transformers
 NOT_COMPARED = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "num_tokens"}
 
 _results: dict = {}
@@ -69,7 +69,7 @@ CASES = [
     "sft_completion",  # prompt-completion: completion-only loss
     "dpo",             # no reference model: DPO loads one from the policy's folder
     "dpo_ref",         # an explicit reference model
-    "reward_fp32",     # RewardTrainer (bf16 off: its loss is computed from outputs, see the xfail below)
+    "reward_fp32",     # RewardTrainer with bf16 off (bf16: test_trl_bf16_loss_from_outputs_matches_transformers)
     "grpo",            # generation with sampling, a toy reward function, no vLLM
     "rloo",
     "kto",
@@ -84,17 +84,12 @@ def test_trl_trainer_matches_transformers(case, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 27 (sentence-transformers half): under bf16 transformers autocasts only "
-                                       "the forward and hands float32 outputs to compute_loss; cadence autocasts all "
-                                       "of compute_loss, so RewardTrainer's loss is computed in bfloat16")
 @pytest.mark.parametrize("case", ["reward", "distillation"])
 def test_trl_bf16_loss_from_outputs_matches_transformers(case, tmp_path_factory):
     compare(result(case, False, tmp_path_factory), result(case, True, tmp_path_factory))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 27 (sentence-transformers half): a subclass's own additions to "
-                                       "state.num_input_tokens_seen are overwritten at each log")
 def test_grpo_num_tokens_matches_transformers(tmp_path_factory):
     ref, ours = result("grpo", False, tmp_path_factory), result("grpo", True, tmp_path_factory)
     pick = lambda r: [v for _, k, v in r["losses"] if k == "num_tokens"]  # noqa: E731

@@ -15,8 +15,10 @@ is only moved to the device. Several processes (``torchrun``/``accelerate launch
 accelerate's ``Accelerator``, with its gradient accumulation left at 1: cadence normalises the loss
 of a step itself, once, over the items of all processes (see ``loss.py``).
 
-Mixed precision is owned here too, the same way on one process or several: ``bf16``/``fp16`` run the
-forward and the loss under ``torch.autocast`` (weights stay float32); ``fp16`` adds a
+Mixed precision is owned here too, the same way on one process or several, as accelerate does it: ``bf16``/``fp16``
+run the model's forward under ``torch.autocast`` and hand its outputs back in float32 (``prepare_model`` wraps the
+module's ``forward``, so a loss a subclass computes from the outputs is float32 as in transformers; FSDP, whose
+``MixedPrecisionPolicy`` casts the parameters, autocasts forward and loss instead); weights stay float32; ``fp16`` adds a
 ``torch.amp.GradScaler``: ``backward`` scales the loss, ``clip_grad_norm`` unscales first,
 ``optimizer_step`` skips a step whose gradients hold inf/NaN and returns False so that the schedule does
 not advance. ``tf32=True`` needs a CUDA device of compute capability >= 8 (an error elsewhere, as in
@@ -37,6 +39,7 @@ import gc
 import logging
 import os
 import sys
+import types
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -161,6 +164,9 @@ class Backend:
             if "accelerate" in sys.modules:  # a library built on it is in use (TRL calls accelerate's set_seed, which
                 accelerate_state(args)  # reads AcceleratorState); a plain run does not pay accelerate's import
         self._args = args
+        # accelerator_config's gradient_accumulation_kwargs: all-reduce every micro-batch (less memory, same sum)
+        accumulation = getattr(args.accelerator_config, "gradient_accumulation_kwargs", None) or {}
+        self.sync_each_batch = bool(accumulation.get("sync_each_batch", False))
         self.timeout_s = args.ddp_timeout
         self.process_index = args.process_index
         self.local_process_index = args.local_process_index
@@ -225,6 +231,7 @@ class Backend:
         there are several processes (FSDP: shard in place, and point ``optimizer`` at the sharded parameters)."""
         if self.sharding is not None:
             return self.sharding.shard(model, optimizer)
+        self.autocast_forward(model)
         if self.deepspeed is not None and optimizer is not None:  # the engine steps the optimizer (ZeRO partitions it)
             if self.engine is None:
                 self.accelerator.state.deepspeed_plugin.deepspeed_config.update(deepspeed_config(self._args, model))
@@ -250,15 +257,49 @@ class Backend:
 
         FSDP reduce-scatters every micro-batch instead: skipping it would keep whole unsharded gradients
         on every process, the memory FSDP exists to save (the sum is the same either way)."""
-        if self.accelerator is None or self.sharding is not None or self.engine is not None:
+        if self.accelerator is None or self.sharding is not None or self.engine is not None or self.sync_each_batch:
             return contextlib.nullcontext()  # DeepSpeed counts the accumulation window itself
         return self.accelerator.no_sync(model)
 
     def autocast(self):
-        """The forward-and-loss context: ``torch.autocast`` in the mixed-precision dtype, else nothing."""
+        """``torch.autocast`` in the mixed-precision dtype, else nothing."""
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    @property
+    def forward_autocasts(self) -> bool:
+        """Whether mixed precision lives in the prepared model's forward (``autocast_forward``) rather than
+        around the whole loss: always with ``bf16``/``fp16``, except under FSDP."""
+        return self.amp_dtype is not None and self.sharding is None
+
+    def loss_context(self):
+        """The context the Trainer runs ``compute_loss`` in: nothing when the forward autocasts itself (the outputs
+        are float32, as accelerate gives them to transformers), else ``autocast``."""
+        return contextlib.nullcontext() if self.forward_autocasts or self.amp_dtype is None else self.autocast()
+
+    def autocast_forward(self, model: torch.nn.Module) -> None:
+        """Wrap ``model.forward`` (in place, once) as accelerate's ``prepare_model`` does under mixed precision: the
+        forward runs under autocast and its float16/bfloat16 outputs come back as float32. The wrapper is bound to
+        the module (``MethodType``), so a ``copy.deepcopy`` of the model (a reference model) calls its own forward.
+        A wrapper left by an earlier run in another precision is taken off first (a float32 run after a bf16 one on
+        the same model computes in float32)."""
+        wanted = (self.device.type, self.amp_dtype) if self.forward_autocasts else None
+        done = getattr(model, _AUTOCAST_FORWARD, None)
+        if done == wanted:
+            return
+        if done is not None:
+            model.forward = model._original_forward
+            del model._original_forward
+            setattr(model, _AUTOCAST_FORWARD, None)
+        if wanted is None:
+            return
+        forward = model.forward
+        func = getattr(forward, "__func__", None)
+        wrapped = _forward_in_autocast(func if func is not None else forward, *wanted)
+        model._original_forward = forward  # accelerate's name
+        model.forward = types.MethodType(wrapped, model) if func is not None else wrapped
+        setattr(model, _AUTOCAST_FORWARD, wanted)
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
@@ -525,6 +566,7 @@ class AcceleratorView:
                       evaluation_mode: bool = False) -> torch.nn.Module:
         """A model the trainer does not train (a reference or teacher model): on the device, and with
         ``evaluation_mode=False`` wrapped for the run's processes by accelerate; on one process just moved."""
+        self._backend.autocast_forward(model)  # accelerate's mixed precision, as for the trained model
         if self._accelerator is not None:
             return self._accelerator.prepare_model(model, device_placement=device_placement,
                                                    evaluation_mode=evaluation_mode)
@@ -673,6 +715,20 @@ class AcceleratorView:
             lambda: PartialState(cpu=args.use_cpu, **_process_group_options(args)))
 
 
+def _forward_in_autocast(forward: Callable, device_type: str, dtype: torch.dtype) -> Callable:
+    @functools.wraps(forward)
+    def forward_in_autocast(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            outputs = forward(*args, **kwargs)
+        return _map_tensors(_half_to_float32, outputs)
+
+    return forward_in_autocast
+
+
+def _half_to_float32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
 def _map_tensors(fn: Callable, value: Any) -> Any:
     if isinstance(value, dict):
         return type(value)({k: _map_tensors(fn, v) for k, v in value.items()})
@@ -698,6 +754,22 @@ def process_state(args: Any):
     from accelerate import PartialState
 
     return _end_at_exit_if_started(lambda: PartialState(cpu=args.use_cpu, **_process_group_options(args)))
+
+
+def require_configured_state(args: Any) -> None:
+    """``accelerator_config={"use_configured_state": True}``: on several processes accelerate's state must exist
+    already (transformers' rule); it is then the run's ``distributed_state``. One process needs none: cadence never
+    resets the state, so there is nothing to keep (sentence-transformers builds such arguments inside its Trainer)."""
+    from accelerate import PartialState
+
+    if not PartialState._shared_state and args.world_size > 1:
+        raise ValueError(
+            "accelerator_config use_configured_state=True is invalid here: no accelerate PartialState or "
+            "AcceleratorState was created before the TrainingArguments; create one first (accelerate.PartialState()) "
+            "or remove use_configured_state")
+    if args.deepspeed and PartialState().distributed_type.value != "DEEPSPEED":
+        raise ValueError("accelerator_config use_configured_state=True with deepspeed is invalid: the configured "
+                         "accelerate state was not set up for DeepSpeed; remove use_configured_state")
 
 
 def accelerate_state(args: Any):
@@ -739,6 +811,7 @@ _EMPTY_CACHE = {
 }
 
 _COMPILED = "_cadence_compiled"  # set on a module compiled in place, so it is compiled once
+_AUTOCAST_FORWARD = "_cadence_autocast_forward"  # set on a module whose forward autocast_forward wrapped
 
 _HALF_DTYPES: dict[str | None, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}
 

@@ -93,6 +93,7 @@ class LoopState:
         self.pending: list[torch.Tensor] = []
         self.pending_steps: list[int] = []  # micro-batches of each pending step
         self.tokens = tokens or data.TokenCounter("no")  # input tokens of this run, on the device
+        self.tokens_stored = 0  # of those, how many are already in state.num_input_tokens_seen
         self.flos = 0.0  # this process's floating-point operations in this run
         self.resumed_step = 0  # the step this train() call started from
         self.initial_num_input_tokens_seen, self.initial_total_flos = 0, 0.0  # the state's counts at that step

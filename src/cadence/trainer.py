@@ -118,6 +118,11 @@ class Trainer:
         >>> trainer.train().training_loss
     """
 
+    # True/False: whether compute_loss divides by num_items_in_batch itself (HF's class attribute: a subclass sets it,
+    # as TRL's GRPOTrainer does); None: decided per step from the model, compute_loss_func, label smoothing and
+    # compute_loss's signature
+    loss_is_scaled_for_ga: bool | None = None
+
     def __init__(
         self,
         model: nn.Module | None = None,
@@ -169,9 +174,6 @@ class Trainer:
         self._shifts_labels = data.loss_shifts_labels(model)
         self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
         self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
-        # True/False: whether compute_loss divides by num_items_in_batch itself (HF's attribute for subclasses);
-        # None: decided per step from the model, compute_loss_func, label smoothing and compute_loss's signature
-        self.loss_is_scaled_for_ga: bool | None = None
         params = inspect.signature(self.compute_loss).parameters  # a subclass's override may not take the count
         self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
         self.is_in_train = False  # True inside train(): evaluation then never casts the model (full_eval)
@@ -885,8 +887,10 @@ class Trainer:
 
     def _store_counts(self, loop: LoopState) -> None:
         """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
-        self.state.num_input_tokens_seen = loop.initial_num_input_tokens_seen + int(
-            self.backend.reduce_sum_data_parallel(loop.tokens.total(self.backend.device)).item())
+        counted = int(self.backend.reduce_sum_data_parallel(loop.tokens.total(self.backend.device)).item())
+        # added, not assigned: a subclass's own additions to the state (TRL's GRPO counts its tokens) are kept
+        self.state.num_input_tokens_seen += counted - loop.tokens_stored
+        loop.tokens_stored = counted
         flos = torch.tensor(loop.flos, dtype=torch.float64, device=self.backend.device)
         self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum_data_parallel(flos).item()
 
@@ -989,8 +993,10 @@ class Trainer:
         return inputs
 
     def compute_loss_context_manager(self):
-        """The context of forward and loss: autocast with ``bf16``/``fp16`` (HF's name, for subclasses)."""
-        return self.backend.autocast()
+        """The context ``compute_loss`` runs in (HF's name, for subclasses). With ``bf16``/``fp16`` the prepared model's
+        forward autocasts itself and returns float32 outputs, as accelerate's does in transformers, so this is empty
+        and a loss computed from the outputs is float32; under FSDP it autocasts forward and loss."""
+        return self.backend.loss_context()
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         """The loss of one batch: ``compute_loss_func`` > label smoothing > the model's own loss.
@@ -1624,7 +1630,7 @@ class Trainer:
         return self.backend.layout.tp_size if self.backend.layout is not None else 1
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
-        """The forward's mixed-precision context (the same as ``compute_loss_context_manager``)."""
+        """The mixed-precision context (the same as ``compute_loss_context_manager``)."""
         return self.compute_loss_context_manager()
 
     def end(self) -> None:

@@ -15,6 +15,7 @@ from .data import length_grouped_indices as get_length_grouped_indices
 from .evaluation import EvalLoopContainer, nested_concat, numpy_pad_and_concatenate, torch_pad_and_concatenate
 from .loss import LabelSmoother
 from .optimization import get_parameter_names
+from .training_args import AcceleratorConfig
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ def __getattr__(name: str):
 
 __all__ = [
     *_TRAINER_METHODS,
+    "AcceleratorConfig",
     "DistributedLengthGroupedSampler",
     "DistributedSamplerWithLoop",
     "EvalLoopContainer",

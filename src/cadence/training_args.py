@@ -126,6 +126,56 @@ def _help(text: str, **argparse_options: Any) -> dict[str, Any]:
 
 
 @dataclass
+class AcceleratorConfig:
+    """``accelerator_config``'s options, transformers' ``AcceleratorConfig`` (same fields, defaults and methods).
+
+    cadence builds its own data loading and accumulation, so each field is either honoured the way transformers'
+    run behaves, or, where the value would break what cadence promises, refused before the first step naming why
+    (``_ACCELERATOR_CONFIG_REFUSED``).
+
+    Example:
+        >>> TrainingArguments("out", accelerator_config={"non_blocking": True}).accelerator_config.non_blocking
+        True
+    """
+
+    split_batches: bool = field(default=False, metadata=_help(
+        "Split each dataloader batch over the processes (refused: cadence gives each process its own "
+        "per_device_train_batch_size)."))
+    dispatch_batches: bool | None = field(default=None, metadata=_help(
+        "Iterate the dataloader on the main process only and send the batches (refused when True: each process "
+        "reads its own shard)."))
+    even_batches: bool = field(default=True, metadata=_help(
+        "Repeat samples from the start so every process gets as many batches (False is refused)."))
+    use_seedable_sampler: bool = field(default=True, metadata=_help(
+        "A fully seedable random sampler (False is refused: cadence's order is seedable, for resume)."))
+    non_blocking: bool = field(default=False, metadata=_help(
+        "Move batches to the device with non_blocking copies (best with dataloader_pin_memory)."))
+    gradient_accumulation_kwargs: dict | None = field(default=None, metadata=_help(
+        "accelerate's GradientAccumulationPlugin options: num_steps (used as gradient_accumulation_steps when that "
+        "is 1) and sync_each_batch (all-reduce the gradients of every micro-batch); adjust_scheduler and "
+        "sync_with_dataloader are accepted and, as in transformers, have no effect."))
+    use_configured_state: bool = field(default=False, metadata=_help(
+        "Use the accelerate PartialState/AcceleratorState created before the arguments."))
+
+    @classmethod
+    def from_json_file(cls, json_file: str | os.PathLike) -> AcceleratorConfig:
+        """The config in a JSON file; unknown keys are an error."""
+        with open(json_file, encoding="utf-8") as f:
+            config = json.load(f)
+        unknown = sorted(k for k in config if k not in cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"accelerator_config={os.fspath(json_file)!r} is invalid: the file has unknown keys "
+                             f"{unknown}; the keys are {sorted(cls.__dataclass_fields__)}")
+        return cls(**config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.__dict__)
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        return self.__dict__.pop(key, default)
+
+
+@dataclass
 class TrainingArguments:
     """Every option of a training run, with the names and defaults of `transformers.TrainingArguments`.
 
@@ -491,8 +541,11 @@ class TrainingArguments:
 
     # --- Devices and distribution ---
     use_cpu: bool = field(default=False, metadata=_help("Run on the CPU even when a GPU is available."))
-    accelerator_config: dict | str | None = field(
-        default=None, metadata=_help("accelerate Accelerator options (dict, JSON string or file)." + _NOT_BUILT)
+    accelerator_config: dict | str | AcceleratorConfig | None = field(
+        default=None,
+        metadata=_help("accelerate's Accelerator options: a dict, JSON string, JSON file path or AcceleratorConfig "
+                       "(split_batches, dispatch_batches, even_batches, use_seedable_sampler, non_blocking, "
+                       "gradient_accumulation_kwargs, use_configured_state); made an AcceleratorConfig."),
     )
     parallelism_config: Any | None = field(
         default=None, metadata=_help("accelerate ParallelismConfig: dp_replicate_size x dp_shard_size x tp_size "
@@ -679,6 +732,7 @@ class TrainingArguments:
         _check_best_model_strategies(self)
         _check_scheduler_needs_eval(self)
         _check_prefetch_needs_workers(self)
+        _build_accelerator_config(self)
         # 6. What cadence does not do (yet): refused, never silently ignored.
         _refuse_from_table(self, _NOT_YET_BUILT, "is not built in cadence yet")
         _refuse_from_table(self, _REFUSED_BY_DESIGN, "is not supported by cadence")
@@ -947,7 +1001,9 @@ class TrainingArguments:
             value = getattr(self, name)
             if name == "parallelism_config" and value is not None:  # accelerate's dataclass, as transformers writes it
                 value = value.to_json() if hasattr(value, "to_json") else value
-            if type(value) not in _ATOMS:  # most are; the rest (enums, lists, dicts, dtypes) made plain
+            elif isinstance(value, AcceleratorConfig):
+                value = value.to_dict()
+            elif type(value) not in _ATOMS:  # most are; the rest (enums, lists, dicts, dtypes) made plain
                 value = _dtype_names(_plain(value))
             d[name] = value
         for name in _token_fields(type(self)):  # masked even when unset, as HF does: a dump never shows
@@ -1113,7 +1169,6 @@ _STEP_INTERVALS = (
 _NOT_YET_BUILT: dict[str, str] = {
     "use_liger_kernel": "Liger kernels",
     "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
-    "accelerator_config": "accelerator_config",
 }
 
 # Settings cadence refuses on purpose, with the reason.
@@ -1266,6 +1321,70 @@ def _resolve_output_dir(args: TrainingArguments) -> None:
     args.output_dir = os.path.expanduser(os.fspath(args.output_dir))
     if not args.output_dir.strip():
         raise _invalid("output_dir", args.output_dir, "a folder name", "pass e.g. output_dir='out', or None for 'trainer_output'")
+
+
+# accelerator_config values cadence refuses, with why: each would make processes read different data or a different
+# order than cadence's sharded, seedable, resumable loaders (exact and bit-identical on resume).
+_ACCELERATOR_CONFIG_REFUSED = {
+    ("split_batches", True): "cadence gives every process its own batch of per_device_train_batch_size; to split "
+                             "a batch of B over N processes set per_device_train_batch_size=B/N",
+    ("dispatch_batches", True): "every process reads its own shard of the data in cadence (batches are never "
+                                "sent from the main process); remove it",
+    ("even_batches", False): "every process must take the same number of steps for the summed loss to be exact, "
+                             "and evaluation already drops the repeated samples; remove it",
+    ("use_seedable_sampler", False): "cadence's sampler is always seeded from seed/data_seed, which is what makes "
+                                     "resume bit-identical; remove it",
+}
+_GRADIENT_ACCUMULATION_KEYS = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
+
+
+def _build_accelerator_config(args: TrainingArguments) -> None:
+    """``accelerator_config`` as an ``AcceleratorConfig``, from a dict, a JSON file path or a config object
+    (transformers' own ``AcceleratorConfig`` too), checked; ``gradient_accumulation_kwargs["num_steps"]`` applied
+    as transformers does."""
+    value = args.accelerator_config
+    if isinstance(value, type):
+        raise TypeError(f"accelerator_config={value!r} is invalid: it is a class; pass an instance, e.g. "
+                        f"{value.__name__}(), or a dict")
+    if value is None:
+        config = AcceleratorConfig()
+    elif isinstance(value, dict):
+        unknown = sorted(k for k in value if k not in AcceleratorConfig.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"accelerator_config={value!r} is invalid: unknown keys {unknown}; the keys are "
+                            f"{sorted(AcceleratorConfig.__dataclass_fields__)}")
+        config = AcceleratorConfig(**value)
+    elif isinstance(value, (str, os.PathLike)):
+        if not os.path.isfile(value):
+            raise _invalid("accelerator_config", value, "a dict, an AcceleratorConfig or the path of a JSON file",
+                           "no such file: give the file's path")
+        config = AcceleratorConfig.from_json_file(value)
+    elif dataclasses.is_dataclass(value):  # cadence's, or transformers' AcceleratorConfig
+        config = AcceleratorConfig(**{k: v for k, v in vars(value).items() if k in AcceleratorConfig.__dataclass_fields__})
+    else:
+        raise TypeError(f"accelerator_config={value!r} is invalid: it must be a dict, an AcceleratorConfig or a JSON "
+                        f"file path, not {type(value).__name__}")
+    for (name, bad), why in _ACCELERATOR_CONFIG_REFUSED.items():
+        if getattr(config, name) is bad:
+            raise ValueError(f"accelerator_config {name}={bad} is not supported by cadence: {why}")
+    kwargs = config.gradient_accumulation_kwargs
+    if kwargs is not None:
+        if not isinstance(kwargs, dict) or any(k not in _GRADIENT_ACCUMULATION_KEYS for k in kwargs):
+            raise TypeError(f"accelerator_config gradient_accumulation_kwargs={kwargs!r} is invalid: it must be a dict "
+                            f"with keys among {list(_GRADIENT_ACCUMULATION_KEYS)}")
+        if "num_steps" in kwargs:
+            if args.gradient_accumulation_steps > 1:
+                raise ValueError(
+                    f"accelerator_config gradient_accumulation_kwargs num_steps={kwargs['num_steps']!r} and "
+                    f"gradient_accumulation_steps={args.gradient_accumulation_steps} both set the accumulation: "
+                    "set only one of them")
+            args.gradient_accumulation_steps = kwargs["num_steps"]
+            _check_value_rules(args)  # num_steps obeys gradient_accumulation_steps's rule
+    if config.pop("use_configured_state", False):  # popped, as transformers does (to_dict() leaves it out)
+        from .backend import require_configured_state  # only then: a plain run does not import accelerate
+
+        require_configured_state(args)
+    args.accelerator_config = config
 
 
 def _parse_json_dict_fields(args: TrainingArguments) -> None:

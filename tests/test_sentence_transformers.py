@@ -1,0 +1,45 @@
+"""sentence-transformers' trainers on cadence (issue 27): ``cadence.patch_transformers()`` before importing
+sentence_transformers makes its four trainers (SentenceTransformer, CrossEncoder, SparseEncoder, MultiVectorEncoder) subclasses of cadence's Trainer; it then logs transformers'
+losses and ends on transformers' weights.
+
+Each comparison runs ``tests/st_worker.py`` twice in fresh processes (transformers' Trainer, then cadence's: a patch
+cannot be undone in one process), on a tiny BERT built from a config, ``tiny.word_tokenizer`` and local data: no Hub.
+Both do the same float32 arithmetic in the same order, so 1e-5 is far above what they differ by (0.0 measured) and far
+below a real difference (a dropped column, a different loss scaling move losses by 1e-2).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import dist_exit
+
+TOL = 1e-5
+# time measurements; total_flos: transformers counts 0 for a SentenceTransformer (it has no floating_point_ops and
+# no main input name it recognises), cadence estimates the FLOPs from the parameters and tokens
+NOT_COMPARED = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
+
+
+def run_worker(case: str, cadence: bool, out: str) -> dict:
+    proc = dist_exit.launch("st_worker.py", case, out, *(["--cadence"] if cadence else []), nproc=1, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(os.path.join(out, "result.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["sentence_transformer", "cross_encoder", "sparse_encoder", "multi_vector_encoder"])
+def test_sentence_transformers_trainer_matches_transformers(case, tmp_path):
+    reference = run_worker(case, False, str(tmp_path / "hf"))
+    ours = run_worker(case, True, str(tmp_path / "cadence"))
+    theirs = {(s, k): v for s, k, v in reference["losses"] if k not in NOT_COMPARED}
+    mine = {(s, k): v for s, k, v in ours["losses"] if k not in NOT_COMPARED}
+    assert sorted(mine) == sorted(theirs)
+    assert len([k for _, k in theirs if k == "loss"]) == 4  # every step logged
+    for key, value in theirs.items():
+        assert abs(mine[key] - value) <= TOL, (key, value, mine[key])
+    assert reference["weights"].keys() == ours["weights"].keys()
+    for name, w in reference["weights"].items():
+        assert (w - ours["weights"][name]).abs().max().item() <= TOL, name
