@@ -62,7 +62,7 @@ def _modules_built_on_transformers(pairs: dict[int, tuple[Any, Any]]) -> list[st
     subclassing one of them: they were imported before the patch and keep transformers' classes."""
     bases = tuple(pairs[id(getattr(sys.modules[m], n))][0] for m, n in _BASES if id(getattr(sys.modules[m], n)) in pairs)
     found = []
-    with warnings.catch_warnings():  # isinstance() on a deprecated alias (torch.distributed.reduce_op) warns
+    with warnings.catch_warnings():  # isinstance() on some deprecated module aliases (reduce_op) warns
         warnings.simplefilter("ignore")
         for module_name, module in list(sys.modules.items()):
             if _holds_any(module_name, module, bases):
