@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 
 import pytest
 import torch
@@ -354,3 +355,49 @@ def test_with_async_save_the_last_epochs_order_is_transformers(tmp_path, monkeyp
     assert ours.count("on_save") == 2 and theirs.count("on_save") == 1
     ours.remove("on_save")
     assert ours == theirs  # ..., on_evaluate, on_save (step 12), on_epoch_end, on_log, on_train_end
+
+
+# --- a subclass's own sampler (TRL's RepeatSampler) resumes inside an epoch -------------------------------------
+class ShuffledTwice(torch.utils.data.Sampler):
+    """Each index twice in a seeded random order: a sampler cadence cannot tell to skip (no set_epoch(epoch, skip))."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return 2 * self.n
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(3)).tolist()
+        return iter([i for i in order for _ in range(2)])
+
+
+def own_sampler(lib):
+    class OwnSampler(lib.Trainer):
+        def _get_train_sampler(self, *args, **kwargs):
+            return ShuffledTwice(len(self.train_dataset))
+    return OwnSampler
+
+
+def test_a_subclasss_sampler_resumes_inside_an_epoch_like_an_unbroken_run(tmp_path, caplog):
+    """transformers resumes by reading the trained batches again and dropping them; cadence refused a sampler of
+    its own making at resume. Now: the same, and the run ends bit-identical to the unbroken one."""
+    def run(out, resume=None):
+        args = cadence.TrainingArguments(output_dir=str(out), **{**COMMON, "max_steps": 12,
+                                                                 "save_strategy": "steps", "save_steps": 3})
+        trainer = own_sampler(cadence)(RegressionModel(), args, train_dataset=RegressionDataset(24))
+        trainer.train(resume_from_checkpoint=resume)
+        return weights(trainer)
+
+    unbroken = run(tmp_path / "u")
+    shutil.copytree(tmp_path / "u" / "checkpoint-3", tmp_path / "r" / "checkpoint-3")  # inside epoch 1 (12 batches)
+    with caplog.at_level(logging.WARNING, logger="cadence"):
+        resumed = run(tmp_path / "r", resume=True)
+    assert "reading and dropping the 3 batches" in caplog.text
+    assert all(torch.equal(unbroken[n], resumed[n]) for n in unbroken)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "h"), **{**COMMON, "max_steps": 12,
+                                                                            "save_strategy": "no"})
+    theirs = own_sampler(transformers)(RegressionModel(), args, train_dataset=RegressionDataset(24))
+    theirs.train()
+    for name, w in weights(theirs).items():  # the same order of samples as transformers
+        assert torch.allclose(unbroken[name], w, atol=1e-5, rtol=0), name

@@ -97,14 +97,17 @@ def test_grpo_num_tokens_matches_transformers(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_sft_resumed_equals_unbroken(tmp_path):
-    """On cadence, SFT stopped after step 2 and resumed from checkpoint-2 ends bit-identical to the unbroken run
-    (which itself equals transformers': test_trl_trainer_matches_transformers[sft_text])."""
-    unbroken = run_worker("sft_text", True, str(tmp_path / "unbroken"), "--save-steps", "2")
+@pytest.mark.parametrize("case", ["sft_text", "dpo", "grpo"])
+def test_resumed_equals_unbroken(case, tmp_path):
+    """On cadence, a TRL trainer stopped after step 2 and resumed from checkpoint-2 ends bit-identical to the
+    unbroken run (which itself equals transformers': test_trl_trainer_matches_transformers). DPO resumes with the
+    reference model it loads again from the policy's folder; GRPO's sampled generations continue from the
+    checkpoint's RNG states."""
+    unbroken = run_worker(case, True, str(tmp_path / "unbroken"), "--save-steps", "2")
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     shutil.copytree(tmp_path / "unbroken" / "checkpoint-2", resumed_dir / "checkpoint-2")
-    resumed = run_worker("sft_text", True, str(resumed_dir), "--save-steps", "2", "--resume")
+    resumed = run_worker(case, True, str(resumed_dir), "--save-steps", "2", "--resume")
     for name, w in unbroken["weights"].items():
         assert torch.equal(w, resumed["weights"][name]), name
     after = lambda r: [(s, k, v) for s, k, v in r["losses"] if s > 2 and k not in NOT_COMPARED  # noqa: E731

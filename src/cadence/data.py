@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from .backend import process_group_size_and_rank
-from .trainer_utils import RemoveColumnsCollator, check_columns, seed_worker
+from .trainer_utils import RemoveColumnsCollator, check_columns, has_length, seed_worker
 
 logger = logging.getLogger(__name__)
 
@@ -251,15 +251,11 @@ def content_sample(dataset: Any, rows: int = 8) -> str | None:
 def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0) -> None:
     """Tell the sampler and the dataset (e.g. a shuffling ``datasets.IterableDataset``) the epoch.
 
-    ``skip``: samples of this process's share already trained (a resumed epoch); the sampler leaves
-    them out, so no batch is loaded to be thrown away.
+    ``skip``: samples of this process's share already trained (a resumed epoch); cadence's samplers leave
+    them out, so no batch is loaded to be thrown away. Another sampler (a subclass's, e.g. TRL's
+    ``RepeatSampler``) cannot: its trained batches are read again and dropped (:func:`skips_by_reading`).
     """
     sampler = getattr(dataloader, "sampler", None)
-    if skip and not isinstance(sampler, EpochSampler):
-        raise ValueError(
-            f"cannot resume inside an epoch with a {type(sampler).__name__}: it cannot skip the trained samples; "
-            "set ignore_data_skip=True to restart the epoch from its first batch"
-        )
     if isinstance(sampler, EpochSampler):  # and LengthGroupedSampler, its subclass
         sampler.set_epoch(epoch, skip)
     elif callable(getattr(sampler, "set_epoch", None)):
@@ -267,6 +263,12 @@ def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0) -> None:
     dataset = getattr(dataloader, "dataset", None)
     if callable(getattr(dataset, "set_epoch", None)):
         dataset.set_epoch(epoch)
+
+
+def skips_by_reading(dataloader: DataLoader) -> bool:
+    """Whether a resumed epoch must read its trained batches again to pass them (as transformers always does):
+    a stream, or a sampler that is not cadence's."""
+    return not has_length(dataloader) or not isinstance(getattr(dataloader, "sampler", None), EpochSampler)
 
 
 # ---------------------------------------------------------------- collators
@@ -793,9 +795,10 @@ def stateful_stream(dataloader: DataLoader | None) -> Any:
 
 
 def skip_stream(batches: Iterator, count: int) -> None:
-    """Read and drop ``count`` batches of a stream that cannot restore its position (logged: it costs time)."""
-    logger.warning("resuming an iterable dataset without state_dict(): reading and dropping the %d batches "
-                   "already trained (a dataset with state_dict/load_state_dict resumes without reading them)", count)
+    """Read and drop ``count`` batches of a stream or sampler that cannot restore its position (logged: it
+    costs time)."""
+    logger.warning("resuming: reading and dropping the %d batches already trained (an iterable dataset with "
+                   "state_dict/load_state_dict, or cadence's own sampler, resumes without reading them)", count)
     for _ in zip(range(count), batches):
         pass
 

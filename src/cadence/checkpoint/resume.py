@@ -130,7 +130,8 @@ class ResumePoint:
 
         A save between epochs had not yet fired the epoch's events nor drawn its iterator's seeds: the RNGs
         are restored before both. A save inside the epoch came after them: restored once the iterator exists.
-        A stream continues from its saved state, or, without ``state_dict()``, reads its trained batches again.
+        A stream continues from its saved state, or, without ``state_dict()``, reads its trained batches again;
+        so does a sampler that cannot skip (not cadence's).
         """
         if self.stream_state is not None:
             data.stateful_stream(dataloader).load_state_dict(self.stream_state)
@@ -139,7 +140,7 @@ class ResumePoint:
         begin_epoch()
         batches = iter(dataloader)
         if self.skip_batches:
-            if not has_length(dataloader):
+            if data.skips_by_reading(dataloader):
                 data.skip_stream(batches, self.skip_batches)
             restore_rng_state(self.rng)
         return batches
