@@ -16,6 +16,8 @@ DATA = {
     "random": lambda: (TokenDataset(40), {}),
     "grouped": lambda: (TokenDataset(40), {"group_by_length": True}),
     "stream": lambda: (Stream(TokenDataset(40)), {"max_steps": 5}),
+    # use_cpu left at its default on a machine without a GPU (accelerate alone sets up no distributed state there)
+    "default_device": lambda: (TokenDataset(40), {"use_cpu": False}),
 }
 
 
@@ -27,7 +29,7 @@ def main(model_name: str, out_file: str, batch: int, ga: int, data: str = "rando
     args = TrainingArguments(
         output_dir=out_file + ".d", per_device_train_batch_size=batch, gradient_accumulation_steps=ga,
         num_train_epochs=2, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant", logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=7, use_cpu=True, **extra,
+        save_strategy="no", disable_tqdm=True, seed=7, **{"use_cpu": True, **extra},
     )
     trainer = Trainer(model, args, train_dataset=dataset, data_collator=pad_collate)
     trainer.train()

@@ -45,9 +45,12 @@ def test_two_process_evaluation_equals_one(tmp_path):
     assert two["batched"]["eval_accuracy"] == one["batched"]["eval_accuracy"] == one["metrics"]["eval_accuracy"]
     assert two["batched"]["eval_loss"] == pytest.approx(one["metrics"]["eval_loss"], rel=1e-12)
 @pytest.mark.slow
-@pytest.mark.parametrize("data, steps", [("grouped", 6), ("stream", 5)])
+@pytest.mark.parametrize("data, steps", [("grouped", 6), ("stream", 5), pytest.param("default_device", 6, marks=(
+    pytest.mark.skipif(torch.cuda.is_available(), reason="use_cpu=False means the GPU here")))])
 def test_two_processes_equal_one_grouped_and_streamed(data, steps, tmp_path):
-    """group_by_length groups over the global batch and a stream is cut per global batch: N processes = one."""
+    """group_by_length groups over the global batch and a stream is cut per global batch: N processes = one. And
+    `torchrun` on a machine without a GPU with use_cpu at its default (False) trains on 2 processes like one too (it
+    trained each process alone: accelerate's state had no distributed type)."""
     one = launch(1, "plain", str(tmp_path / "one.pt"), batch=8, ga=2, data=data)
     two = launch(2, "plain", str(tmp_path / "two.pt"), batch=4, ga=2, data=data)
     assert len(one["losses"]) == len(two["losses"]) == steps

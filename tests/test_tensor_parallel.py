@@ -5,7 +5,8 @@ layouts are refused before step 1.
 
 The one-process reference is the same cadence loop that test_hf_parity.py pins to transformers.Trainer. Tolerances:
 the runs are float32, and a TP group sums a row-parallel matmul's halves in another order than one process does
-(~1e-7 per op seen on the losses, ~5e-6 on the weights after 8 AdamW steps at lr 3e-3): 1e-5 is promised."""
+(~1e-7 per op seen on the losses, ~5e-6 on the weights after 8 AdamW steps at lr 3e-3): 1e-5 is promised (5e-5
+for the 4-process layouts, see there)."""
 
 import json
 import os
@@ -192,7 +193,11 @@ def four(llama, tmp_path_factory):
 def test_two_dimensional_layouts_on_four_processes_equal_one(name, tp, mesh, one, four):
     weights, logs = result(four(name))
     assert logs["tp_size"] == tp and logs["data_parallel_size"] == 4 // tp and logs["mesh"] == mesh
-    assert_close_training((weights, logs), one)
+    # 4 processes sum the gradients in yet another order (reduce-scatter over the shards, then the TP halves); AdamW
+    # divides by sqrt(v), so a weight with tiny gradients carries that rounding into its update: the worst weight
+    # differed by 9.9e-6 on one CPU and 1.3e-5 on another. 5e-5 still fails on a real change (a lost clip or a
+    # miscounted item moves weights by > 1e-3 here).
+    assert_close_training((weights, logs), one, atol=5e-5)
 
 
 @pytest.mark.slow

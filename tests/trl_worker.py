@@ -1,6 +1,8 @@
 """One TRL trainer on a tiny model, on transformers' Trainer or (``--cadence``) on cadence's, in its own process.
 
-    python tests/trl_worker.py CASE OUT_DIR [--cadence] [--max-steps N] [--resume]
+    python tests/trl_worker.py CASE OUT_DIR [--cadence] [--max-steps N] [--resume] [--batch B]
+
+(or under torchrun: ``--batch`` is then the per-process batch).
 
 Writes ``OUT_DIR/result.pt``: ``{"losses": [(step, key, value), ...], "weights": {name: tensor}}`` (every number
 the run logged, timings included; the test picks what to compare). With
@@ -94,12 +96,12 @@ COMMON = dict(per_device_train_batch_size=4, learning_rate=5e-3, logging_steps=1
               dataloader_num_workers=0, use_cpu=True)
 
 
-def build(case: str, out_dir: str, max_steps: int, save_steps: int | None):
+def build(case: str, out_dir: str, max_steps: int, save_steps: int | None, batch: int = 4):
     import trl
     from datasets import Dataset
 
     tok = tokenizer()
-    common = dict(COMMON, output_dir=out_dir, max_steps=max_steps)
+    common = dict(COMMON, output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=batch)
     if case.endswith("_fp32"):  # TRL's configs default to bf16 where the device has it (CPUs do)
         case, common["bf16"] = case[: -len("_fp32")], False
     if save_steps:
@@ -142,6 +144,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--save-steps", type=int, default=None)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--batch", type=int, default=4)
     opts = parser.parse_args()
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -151,7 +154,7 @@ def main() -> None:
         cadence.patch_transformers()
     import torch
 
-    trainer = build(opts.case, opts.out_dir, opts.max_steps, opts.save_steps)
+    trainer = build(opts.case, opts.out_dir, opts.max_steps, opts.save_steps, opts.batch)
     if opts.cadence:  # the run must really be on cadence
         import cadence
 
@@ -160,7 +163,8 @@ def main() -> None:
     losses = [(h["step"], k, float(v)) for h in trainer.state.log_history for k, v in h.items()
               if isinstance(v, (int, float)) and k != "step"]
     weights = {k: v.detach().float().clone() for k, v in trainer.model.state_dict().items()}
-    torch.save({"losses": losses, "weights": weights}, os.path.join(opts.out_dir, "result.pt"))
+    if trainer.is_world_process_zero():
+        torch.save({"losses": losses, "weights": weights}, os.path.join(opts.out_dir, "result.pt"))
 
 
 if __name__ == "__main__":

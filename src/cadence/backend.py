@@ -156,7 +156,7 @@ class Backend:
             init = InitProcessGroupKwargs(**_process_group_options(args))
             engine = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=self.deepspeed)} if self.deepspeed else {}
             self.accelerator = _end_at_exit_if_started(
-                lambda: Accelerator(cpu=args.use_cpu, kwargs_handlers=[ddp, init], **engine,
+                lambda: Accelerator(cpu=_on_cpu(args), kwargs_handlers=[ddp, init], **engine,
                                     **_accelerate_parallelism(self.layout, args)))
             self.device = self.accelerator.device
         else:
@@ -708,11 +708,7 @@ class AcceleratorView:
 
     def _partial_state(self):
         """accelerate's process state with the run's settings (what ``main_process_first`` creates too)."""
-        from accelerate import PartialState
-
-        args = self._backend._args
-        return _end_at_exit_if_started(
-            lambda: PartialState(cpu=args.use_cpu, **_process_group_options(args)))
+        return process_state(self._backend._args)
 
 
 def _forward_in_autocast(forward: Callable, device_type: str, dtype: torch.dtype) -> Callable:
@@ -753,7 +749,14 @@ def process_state(args: Any):
     """accelerate's ``PartialState`` with the run's settings (``TrainingArguments.distributed_state``)."""
     from accelerate import PartialState
 
-    return _end_at_exit_if_started(lambda: PartialState(cpu=args.use_cpu, **_process_group_options(args)))
+    return _end_at_exit_if_started(lambda: PartialState(cpu=_on_cpu(args), **_process_group_options(args)))
+
+
+def _on_cpu(args: Any) -> bool:
+    """Whether accelerate is told ``cpu=True``: with ``use_cpu``, and on a machine without a GPU, where accelerate
+    (1.16) would otherwise set up no distributed state at all under torchrun (each process then trains alone, its
+    reductions doing nothing: transformers' runs have that bug)."""
+    return args.use_cpu or not accelerator_available()
 
 
 def require_configured_state(args: Any) -> None:
@@ -786,7 +789,7 @@ def accelerate_state(args: Any):
     if shared and (shared.get("_mixed_precision") != precision or shared.get("device") != args.device):
         # an earlier run in this process set it otherwise; transformers resets it for each run's arguments too
         AcceleratorState._reset_state()
-    return AcceleratorState(cpu=args.use_cpu, mixed_precision=precision, dynamo_plugin=TorchDynamoPlugin(),
+    return AcceleratorState(cpu=_on_cpu(args), mixed_precision=precision, dynamo_plugin=TorchDynamoPlugin(),
                             _from_accelerator=True)
 
 
@@ -796,10 +799,7 @@ def main_process_first(args: Any, local: bool = True):
     accelerate's process state is created here with the run's ``ddp_backend`` and ``ddp_timeout``, the same
     ones ``Backend``'s ``Accelerator`` asks for; whichever comes first creates it, the other reuses it.
     """
-    from accelerate import PartialState
-
-    state = _end_at_exit_if_started(
-        lambda: PartialState(cpu=args.use_cpu, **_process_group_options(args)))
+    state = process_state(args)
     return state.local_main_process_first() if local else state.main_process_first()
 
 

@@ -962,7 +962,7 @@ class Trainer:
         weight = loss_utils.micro_batch_weight(
             inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
         )
-        if num_items_in_batch is not None:
+        if num_items_in_batch is not None and not normalised:  # a normalised loss is scaled in compute_loss
             weight = weight * self.backend.data_parallel_size  # data parallelism averages gradients over its ranks
         if torch.is_tensor(weight):
             loss = loss * weight.to(loss.dtype)  # the ratio in the loss's precision (float64 models stay exact)
@@ -1024,6 +1024,11 @@ class Trainer:
             loss = self.label_smoother(outputs, labels, shift_labels=self._shifts_labels, num_items_in_batch=num_items_in_batch)
         else:
             loss = self._loss_from_outputs(outputs, inputs)
+        normalised = self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
+        if num_items_in_batch is not None and normalised and self.backend.data_parallel_size > 1:
+            # transformers' contract, which subclasses (TRL's) follow in their own compute_loss: a loss divided by
+            # every process's items comes back times the data-parallel size, as the ranks' gradients are averaged
+            loss = loss * self.backend.data_parallel_size
         return (loss, outputs) if return_outputs else loss
 
     def _loss_source(self, model: nn.Module) -> str:

@@ -737,6 +737,8 @@ class TrainingArguments:
         _refuse_from_table(self, _NOT_YET_BUILT, "is not built in cadence yet")
         _refuse_from_table(self, _REFUSED_BY_DESIGN, "is not supported by cadence")
         _refuse_unbuilt_integrations(self)
+        # 7. Under a launcher: accelerate's process state, set up now as transformers' arguments set it up.
+        _start_process_state(self)
 
     # ---------------------------------------------------------------------------------------
     # Derived properties
@@ -1385,6 +1387,15 @@ def _build_accelerator_config(args: TrainingArguments) -> None:
 
         require_configured_state(args)
     args.accelerator_config = config
+
+
+def _start_process_state(args: TrainingArguments) -> None:
+    """On several processes, accelerate's ``PartialState`` with the run's settings exists once the arguments do (as
+    in transformers), so a library's own bare ``PartialState()`` (TRL's dataset preparation makes one) reuses it
+    instead of creating one without them (on a machine without a GPU: no distributed state, each process training
+    alone). DeepSpeed's state is left to the Trainer's accelerator, which sets it up for DeepSpeed."""
+    if args.world_size > 1 and not args.deepspeed:
+        args.distributed_state  # noqa: B018 - the cached property creates the state
 
 
 def _parse_json_dict_fields(args: TrainingArguments) -> None:
