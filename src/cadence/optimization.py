@@ -1442,6 +1442,15 @@ def _projector_class(kind: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def _strided(tensor: torch.Tensor, stride: list[int] | None) -> torch.Tensor:
+    """``tensor``'s values laid out with ``stride`` (a saved tensor comes back row-major)."""
+    if stride is None or list(tensor.stride()) == list(stride) or tensor.dim() != len(stride) or not tensor.numel():
+        return tensor
+    size = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, stride))
+    out = tensor.new_empty(size).as_strided(tensor.shape, stride)
+    return out.copy_(tensor)
+
+
 @functools_cache
 def _with_plain_projectors(cls: type[Optimizer]) -> type[Optimizer]:
     """``cls`` (a GaLore or APOLLO optimizer) whose state dict holds each projector as a dict of its fields.
@@ -1459,8 +1468,13 @@ def _with_plain_projectors(cls: type[Optimizer]) -> type[Optimizer]:
                 projector = state.get("projector")
                 if projector is not None and not isinstance(projector, dict):
                     kind = _PROJECTORS[(type(projector).__module__, type(projector).__name__)]
+                    fields = vars(projector)
+                    # the layout too: LAPACK's SVD gives column-major matrices, and a matmul with a row-major copy
+                    # rounds otherwise on some CPUs, so a resume would not be bit-identical (seen: 1.5e-8)
+                    strides = {k: list(v.stride()) for k, v in fields.items() if torch.is_tensor(v)}
                     # a new dict: the per-parameter dicts are the live state's
-                    saved["state"][key] = {**state, "projector": {"projector_kind": kind, **vars(projector)}}
+                    saved["state"][key] = {**state, "projector": {"projector_kind": kind, **fields,
+                                                                  "projector_strides": strides}}
             return saved
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -1473,7 +1487,9 @@ def _with_plain_projectors(cls: type[Optimizer]) -> type[Optimizer]:
             super().load_state_dict({**state_dict, "state": states})
             params = [p for group in self.param_groups for p in group["params"]]  # a state's key: its index here
             for key, fields in projectors.items():
-                fields = {k: v.to(params[key].device) if torch.is_tensor(v) else v for k, v in fields.items()}
+                strides = fields.get("projector_strides", {})
+                fields = {k: _strided(v.to(params[key].device), strides.get(k)) if torch.is_tensor(v) else v
+                          for k, v in fields.items() if k != "projector_strides"}
                 projector = object.__new__(_projector_class(fields.pop("projector_kind")))
                 vars(projector).update(fields)
                 self.state[params[key]]["projector"] = projector
