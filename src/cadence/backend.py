@@ -314,7 +314,8 @@ class Backend:
         global gradient norm that the second one clips by, as the package's README drives it."""
         fused = self.fused_optimizer
         if fused is not None:
-            if fused.clip_grad_norm is not None and fused.clip_grad_norm > 0:
+            clip = getattr(fused, "clip_grad_norm", None)
+            if clip is not None and clip > 0:
                 fused.grad_norm(loss)
             fused.fused_backward(loss, fused.param_groups[0]["lr"])
             return
