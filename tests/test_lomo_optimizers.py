@@ -187,6 +187,17 @@ def test_refusals(optim, lomo_optim):
             co.get_optimizer_cls_and_kwargs(_ns(optim, **overrides), Net())
 
 
+def test_adalomo_refuses_parameters_it_cannot_factor(lomo_optim):
+    """The package's AdaLomo keeps row/column moments from shape[0] and shape[1]: a scalar parameter is an IndexError
+    inside it (transformers passes it through), a 3-D one a shape mismatch at the first step. Refused here, named."""
+    model = nn.Module()
+    model.scale, model.conv = nn.Parameter(torch.ones(())), nn.Conv1d(2, 3, 5)
+    with pytest.raises(ValueError, match=r"1-D and 2-D parameters only.* 2 parameter\(s\).*scale \(\).*conv.weight "
+                                         r"\(3, 2, 5\).*optim='lomo'"):
+        co.get_optimizer_cls_and_kwargs(_ns("adalomo"), model)
+    co.get_optimizer_cls_and_kwargs(_ns("lomo"), model)  # Lomo's update is elementwise: any shape
+
+
 def test_weight_decay_is_not_applied_as_in_transformers(out_dir, lomo_optim, caplog):
     """transformers builds Lomo(model, lr=...) only: weight_decay=0.1 changes nothing, and cadence says so."""
     model = Net()

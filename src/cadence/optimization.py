@@ -1707,6 +1707,12 @@ def _check_fused(name: str, args: Any, model: nn.Module | None) -> None:
     if getattr(args, "fp16", False):
         raise ValueError(f"optim={name!r} with fp16=True: fp16 loss scaling runs a plain backward that never hands the "
                          "scheduler's lr to fused_backward; use bf16=True or float32")
+    odd = {n: tuple(p.shape) for n, p in model.named_parameters() if p.dim() not in (1, 2)}
+    if name == "adalomo" and odd:  # the package indexes shape[0] and shape[1] (an IndexError, or a shape mismatch)
+        listed = ", ".join(f"{n} {shape}" for n, shape in list(odd.items())[:5]) + (" ..." if len(odd) > 5 else "")
+        raise ValueError(f"optim='adalomo' keeps second moments for 1-D and 2-D parameters only (lomo-optim's AdaLomo), "
+                         f"and {len(odd)} parameter(s) have another shape: {listed}; use optim='lomo', or reshape "
+                         "them into 1-D/2-D parameters")
 
 
 def _lomo(name: str, args: Any, model: nn.Module | None = None) -> tuple[type[Optimizer], dict[str, Any]]:
