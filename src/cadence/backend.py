@@ -21,7 +21,9 @@ module's ``forward``, so a loss a subclass computes from the outputs is float32 
 ``MixedPrecisionPolicy`` casts the parameters, autocasts forward and loss instead); weights stay float32; ``fp16`` adds a
 ``torch.amp.GradScaler``: ``backward`` scales the loss, ``clip_grad_norm`` unscales first,
 ``optimizer_step`` skips a step whose gradients hold inf/NaN and returns False so that the schedule does
-not advance. ``tf32=True`` needs a CUDA device of compute capability >= 8 (an error elsewhere, as in
+not advance. An optimizer that updates inside backward (LOMO/AdaLomo: ``fused_backward``) is driven by the same
+verbs: ``backward`` runs its update with the current lr, ``optimizer_step`` does nothing, ``clip_grad_norm`` reports
+the norm it clipped by; the loop does not know. ``tf32=True`` needs a CUDA device of compute capability >= 8 (an error elsewhere, as in
 transformers); ``tf32=False`` turns it off on CUDA and does nothing on a CPU.
 
 FSDP (``fsdp``/``fsdp_config`` as transformers spells them, or ``accelerate launch`` with an FSDP config file)
