@@ -163,9 +163,7 @@ def test_adalomo_state_lives_on_the_parameters_device(lomo_optim, monkeypatch):
     """Built by cadence, AdaLomo's state is on each parameter's device (the package's .cuda() is not reached)."""
     monkeypatch.undo()  # the real Tensor.cuda: cadence must not need the patch
     model = Net()
-    opt = co.create_optimizer(model, NS(optim="adalomo", optim_args=None, learning_rate=LR, weight_decay=0.0,
-                                        max_grad_norm=0.0, world_size=1, deepspeed=None, fp16=False,
-                                        gradient_accumulation_steps=1))
+    opt = co.create_optimizer(model, _ns("adalomo"))
     assert {t.device for t in (*opt.exp_avg_sq.values(), *opt.exp_avg_sq_row.values())} == {torch.device("cpu")}
 
 
@@ -178,11 +176,12 @@ def _ns(optim, **overrides):
 def test_refusals(optim, lomo_optim):
     """No model (transformers refuses it too); several processes, DeepSpeed and fp16, which transformers lets through
     into runs that cannot work (no gradient all-reduce outside ZeRO-3; DeepSpeed's and the fp16 scaler's backward
-    never call fused_backward): refused, naming the field and the fix."""
+    never call fused_backward), and auto_find_batch_size (a step that ran out of memory halfway through its fused
+    update cannot be redone): refused, naming the field and the fix."""
     with pytest.raises(ValueError, match=rf"optim={optim!r} needs the model"):
         co.get_optimizer_cls_and_kwargs(_ns(optim))
     for overrides, words in (({"world_size": 2}, "world_size=2"), ({"deepspeed": "ds.json"}, "deepspeed"),
-                             ({"fp16": True}, "fp16=True")):
+                             ({"fp16": True}, "fp16=True"), ({"auto_find_batch_size": True}, "auto_find_batch_size=True")):
         with pytest.raises(ValueError, match=rf"optim={optim!r} .*{words}.*"):
             co.get_optimizer_cls_and_kwargs(_ns(optim, **overrides), Net())
 

@@ -1707,6 +1707,10 @@ def _check_fused(name: str, args: Any, model: nn.Module | None) -> None:
     if getattr(args, "fp16", False):
         raise ValueError(f"optim={name!r} with fp16=True: fp16 loss scaling runs a plain backward that never hands the "
                          "scheduler's lr to fused_backward; use bf16=True or float32")
+    if getattr(args, "auto_find_batch_size", False):
+        raise ValueError(f"optim={name!r} with auto_find_batch_size=True: a micro-batch that runs out of memory inside "
+                         "backward has already updated part of the weights, so the step cannot be redone in smaller "
+                         "batches; set auto_find_batch_size=False and choose per_device_train_batch_size yourself")
     odd = {n: tuple(p.shape) for n, p in model.named_parameters() if p.dim() not in (1, 2)}
     if name == "adalomo" and odd:  # the package indexes shape[0] and shape[1] (an IndexError, or a shape mismatch)
         listed = ", ".join(f"{n} {shape}" for n, shape in list(odd.items())[:5]) + (" ..." if len(odd) > 5 else "")
