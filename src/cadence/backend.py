@@ -359,7 +359,7 @@ class Backend:
         """
         if self.engine is not None:  # the engine stepped in backward at the window's end
             return bool(self.engine.was_step_applied())
-        if optimizer is self.fused_optimizer:  # its update ran inside backward (its own step() would raise)
+        if optimizer is not None and optimizer is self.fused_optimizer:  # updated inside backward (its step() raises)
             optimizer._opt_called = True  # what step() marks: torch's scheduler warns of a skipped step otherwise
             return True
         if self.scaler is None:
