@@ -393,8 +393,8 @@ def test_create_optimizer_with_user_cls_and_kwargs():
 def test_unknown_and_unbuilt_optimizers():
     with pytest.raises(ValueError, match="Unknown optimizer 'adamw_torc'"):
         co.check_optimizer("adamw_torc")
-    with pytest.raises(ValueError, match="'lomo' is not built yet in cadence"):
-        co.check_optimizer("lomo")
+    with pytest.raises(ValueError, match="'adamw_torch_xla' is not built yet in cadence"):
+        co.check_optimizer("adamw_torch_xla")
     with pytest.raises(ValueError, match="not built yet"):
         co.create_optimizer(nn.Linear(2, 2), _args(optim="adamw_anyprecision"))
     co.check_optimizer("adafactor")  # built-ins pass

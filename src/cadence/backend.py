@@ -21,7 +21,9 @@ module's ``forward``, so a loss a subclass computes from the outputs is float32 
 ``MixedPrecisionPolicy`` casts the parameters, autocasts forward and loss instead); weights stay float32; ``fp16`` adds a
 ``torch.amp.GradScaler``: ``backward`` scales the loss, ``clip_grad_norm`` unscales first,
 ``optimizer_step`` skips a step whose gradients hold inf/NaN and returns False so that the schedule does
-not advance. ``tf32=True`` needs a CUDA device of compute capability >= 8 (an error elsewhere, as in
+not advance. An optimizer that updates inside backward (LOMO/AdaLomo: ``fused_backward``) is driven by the same
+verbs: ``backward`` runs its update with the current lr, ``optimizer_step`` does nothing, ``clip_grad_norm`` reports
+the norm it clipped by; the loop does not know. ``tf32=True`` needs a CUDA device of compute capability >= 8 (an error elsewhere, as in
 transformers); ``tf32=False`` turns it off on CUDA and does nothing on a CPU.
 
 FSDP (``fsdp``/``fsdp_config`` as transformers spells them, or ``accelerate launch`` with an FSDP config file)
@@ -134,6 +136,7 @@ class Backend:
         self.layout = parallelism_layout(args, model)  # checked before any process group or mesh exists
         self.accelerator = None
         self.engine = None  # the DeepSpeed engine, once prepare_model made it
+        self.fused_optimizer = None  # an optimizer that updates inside backward (LOMO), once prepare_model saw it
         self.deepspeed = None
         if args.deepspeed:
             _check_deepspeed_usable(args)
@@ -228,7 +231,11 @@ class Backend:
 
     def prepare_model(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> torch.nn.Module:
         """Move to the device; compile once with ``torch_compile``; wrap for data parallelism only when
-        there are several processes (FSDP: shard in place, and point ``optimizer`` at the sharded parameters)."""
+        there are several processes (FSDP: shard in place, and point ``optimizer`` at the sharded parameters).
+        An optimizer with ``fused_backward`` (LOMO, AdaLomo) is remembered: ``backward`` then runs its update,
+        ``optimizer_step`` does nothing and ``clip_grad_norm`` reports the norm it measured."""
+        if optimizer is not None:
+            self.fused_optimizer = optimizer if callable(getattr(optimizer, "fused_backward", None)) else None
         if self.sharding is not None:
             return self.sharding.shard(model, optimizer)
         self.autocast_forward(model)
@@ -302,6 +309,18 @@ class Backend:
         setattr(model, _AUTOCAST_FORWARD, wanted)
 
     def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, with fp16 loss scaling, DDP or DeepSpeed; for a fused optimizer (LOMO) its update.
+
+        A fused optimizer gets the lr its param groups hold now (the scheduler's, which transformers passes as
+        ``_get_learning_rate()``); with its ``clip_grad_norm`` set, a first backward (graph kept) measures the
+        global gradient norm that the second one clips by, as the package's README drives it."""
+        fused = self.fused_optimizer
+        if fused is not None:
+            clip = getattr(fused, "clip_grad_norm", None)
+            if clip is not None and clip > 0:
+                fused.grad_norm(loss)
+            fused.fused_backward(loss, fused.param_groups[0]["lr"])
+            return
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         if self.accelerator is None:
@@ -320,6 +339,9 @@ class Backend:
             optimizer: the optimizer of these parameters; with loss scaling its gradients are unscaled
                 first (once per step), so the norm is the true one.
         """
+        if optimizer is not None and optimizer is self.fused_optimizer:  # clipped inside backward, gradients used up
+            norms = getattr(optimizer, "grad_norms", None)  # the per-parameter norms of its last norm pass
+            return torch.linalg.vector_norm(norms) if torch.is_tensor(norms) else torch.zeros((), device=self.device)
         if self.scaler is not None and optimizer is not None:
             self.scaler.unscale_(optimizer)
         if self.sharding is not None:
@@ -337,6 +359,9 @@ class Backend:
         """
         if self.engine is not None:  # the engine stepped in backward at the window's end
             return bool(self.engine.was_step_applied())
+        if optimizer is not None and optimizer is self.fused_optimizer:  # updated inside backward (its step() raises)
+            optimizer._opt_called = True  # what step() marks: torch's scheduler warns of a skipped step otherwise
+            return True
         if self.scaler is None:
             optimizer.step()
             return True
