@@ -326,11 +326,20 @@ class OutputDirLock:
         """Delete the lock; with ``remove_created_dir``, also ``output_dir`` if the lock created it and it is empty."""
         with _registry_lock:
             if self.held:
-                self.path.unlink(missing_ok=True)  # while still holding it: a run that opened it retries
-                if self._fd is not None:
-                    os.close(self._fd)
-                    self._fd = None
-                self.held = False
+                try:
+                    self.path.unlink(missing_ok=True)  # while still holding it: a run that opened it retries
+                except OSError as e:  # output_dir turned unwritable: never mask the error the run is raising
+                    logger.warning("could not delete %s (%s): the lock is released all the same (its OS lock goes "
+                                   "with the file closed here); the next run takes the file over", self.path,
+                                   e.strerror or e)
+                finally:
+                    if self._fd is not None:
+                        try:
+                            os.close(self._fd)
+                        except OSError:
+                            pass
+                        self._fd = None
+                    self.held = False
             if _held.get(_key(self.output_dir)) is self:
                 del _held[_key(self.output_dir)]
             if self.noted:  # this run's note of the earlier run's checkpoints (not another thread's)
@@ -407,6 +416,11 @@ def note_earlier_run(lock: OutputDirLock, overwrite: bool, main: bool) -> list[P
             doomed = _checkpoint_folders(output_dir, leftovers=True)
             doomed += [output_dir / name for name in EARLIER_RUN_FILES if (output_dir / name).is_file()]
             for path in doomed:
+                if path.is_symlink():  # a checkpoint linked in from elsewhere: the link goes, never what it points to
+                    logger.warning("overwrite_output_dir=True: removing the symlink %s of an earlier run (its target "
+                                   "%s is kept)", path, os.path.realpath(path))
+                    path.unlink()
+                    continue
                 logger.warning("overwrite_output_dir=True: deleting %s of an earlier run", path)
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         return []

@@ -245,8 +245,21 @@ def delete_oldest(ordered: list[Path], limit: int, keep: set) -> list[Path]:
         # renamed first (atomic), then deleted: a kill mid-delete leaves a deleting-checkpoint-N, never a partial checkpoint-N
         doomed = Path(path).with_name(DELETING_PREFIX + Path(path).name)
         os.replace(path, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        remove_folder(doomed)
     return deleted
+
+
+def remove_folder(path: str | os.PathLike) -> None:
+    """Delete a checkpoint folder, ignoring errors; a symlink to one (linked in from elsewhere) loses only the
+    link, never what it points to (``shutil.rmtree`` refuses links, which would leave it forever)."""
+    path = Path(path)
+    if path.is_symlink():
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | None = None,

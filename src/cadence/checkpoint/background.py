@@ -34,6 +34,10 @@ class CheckpointWriteError(OSError):
 
     def __init__(self, folder: str | os.PathLike, cause: BaseException | None = None, detail: str = ""):
         self.folder = Path(folder)
+        if getattr(cause, "checkpoint_named", False) and not detail:  # the writer's message says what failed and
+            # what is left (after output_dir was deleted, no older checkpoint is intact)
+            super().__init__(f"checkpoint {self.folder} could not be written (in the background): {cause.args[-1]}")
+            return
         why = detail or (f"{type(cause).__name__}: {cause}" if cause is not None else "unknown cause")
         super().__init__(f"checkpoint {self.folder} could not be written (in the background): {why}. The checkpoint "
                          "does not exist; older checkpoints are intact")

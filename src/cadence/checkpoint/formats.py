@@ -24,6 +24,7 @@ The bottom layer of the package: it imports nothing of cadence's but ``peft_supp
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -97,6 +98,21 @@ def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, proces
         processing_class.save_pretrained(folder)
 
 
+@contextlib.contextmanager
+def writing(what: str):
+    """Label an error raised inside with what was being written (``"writing optimizer.pt"``), for the checkpoint
+    writer's message (``writer._write_error``); the innermost label wins (a shard's name over "the weights")."""
+    try:
+        yield
+    except Exception as e:
+        if getattr(e, "checkpoint_step", None) is None:
+            try:
+                e.checkpoint_step = what
+            except AttributeError:  # an exception type without attributes of its own: named by the newest file
+                pass
+        raise
+
+
 def _takes_keyword(function: Callable, name: str) -> bool:
     try:
         parameters = inspect.signature(function).parameters.values()
@@ -144,7 +160,8 @@ def save_safetensors_sharded(state_dict: dict, folder: Path) -> list[str]:
         if WEIGHTS_FILE_RE.fullmatch(stale.name) and stale.name not in names and stale.is_file():
             stale.unlink()
     for name, shard in zip(names, shards):
-        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        with writing(f"writing {name}"):  # safetensors' error names a temporary file, not this one
+            save_file(shard, str(folder / name), metadata={"format": "pt"})
     if n > 1:
         index = {"metadata": {"total_parameters": sum(t.numel() for t in tensors.values()),
                               "total_size": sum(t.numel() * t.element_size() for t in tensors.values())},

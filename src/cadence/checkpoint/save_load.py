@@ -22,8 +22,8 @@ from ..trainer_callback import ExportableState, TrainerState
 from ..trainer_utils import compare_trainer_and_checkpoint_args
 from .background import BackgroundWriter
 from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
-                      TRAINER_STATE_NAME, TRAINING_ARGS_JSON, TRAINING_ARGS_NAME, load_training_args, safe_load,
-                      _takes_keyword, save_json, save_model_weights)
+                      TRAINER_STATE_NAME, TRAINING_ARGS_JSON, TRAINING_ARGS_NAME, WEIGHTS_NAME, load_training_args,
+                      safe_load, _takes_keyword, save_json, save_model_weights, writing)
 from .manifest import read_trainer_state
 from .resume import ResumePoint, load_optimizer_and_scheduler, resume_point
 from .writer import (prepare_staging, remove_incomplete, rotate_checkpoints, save_rng_state, staging_folder,
@@ -141,7 +141,7 @@ def _weights_from_state_dict(model: torch.nn.Module) -> bool:
 
 def _write_weights(folder: Path, model: torch.nn.Module, processing_class: Any, state_dict: dict | None) -> None:
     """The weights into the staging folder of ``folder`` now, on the training thread."""
-    with staging_removed_on_error(folder):
+    with staging_removed_on_error(folder), writing(f"writing the weights ({WEIGHTS_NAME})"):
         save_model_weights(model, staging_folder(folder), processing_class, state_dict)
 
 
@@ -150,13 +150,18 @@ def _write_files(model: torch.nn.Module, processing_class: Any, states: dict, ar
     """Every file of the main process into ``tmp`` from the collected ``states`` (live, or a snapshot of them),
     ``trainer_state.json`` (``state_text``) last: it marks completeness."""
     if "model" in states:  # else the weights are in the folder already
-        save_model_weights(model, tmp, processing_class, states["model"])
+        with writing(f"writing the weights ({WEIGHTS_NAME})"):  # a shard's own name, when sharded
+            save_model_weights(model, tmp, processing_class, states["model"])
     for name, file in STATE_FILES.items():
         if states.get(name) is not None:
-            (save_json if file.endswith(".json") else torch.save)(states[name], tmp / file)
-    torch.save(arguments, tmp / TRAINING_ARGS_NAME)
-    save_json(arguments, tmp / TRAINING_ARGS_JSON)
-    (tmp / TRAINER_STATE_NAME).write_text(state_text, encoding="utf-8")  # last: marks completeness
+            with writing(f"writing {file}"):
+                (save_json if file.endswith(".json") else torch.save)(states[name], tmp / file)
+    with writing(f"writing {TRAINING_ARGS_NAME}"):
+        torch.save(arguments, tmp / TRAINING_ARGS_NAME)
+    with writing(f"writing {TRAINING_ARGS_JSON}"):
+        save_json(arguments, tmp / TRAINING_ARGS_JSON)
+    with writing(f"writing {TRAINER_STATE_NAME}"):
+        (tmp / TRAINER_STATE_NAME).write_text(state_text, encoding="utf-8")  # last: marks completeness
 
 
 def _complete(folder: Path, write: Callable[[Path], None] | None, args: Any, best: str | None,

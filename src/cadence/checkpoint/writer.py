@@ -12,14 +12,16 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ..trainer_utils import CHECKPOINT_DIR_RE, DELETING_PREFIX, delete_oldest, sorted_checkpoints
-from .manifest import write_manifest
+from ..trainer_utils import CHECKPOINT_DIR_RE, DELETING_PREFIX, delete_oldest, remove_folder, sorted_checkpoints
+from .formats import writing
+from .manifest import MANIFEST_NAME, write_manifest
 from .rng import capture_rng_state, rng_state_name
 
 logger = logging.getLogger(__name__)
@@ -61,66 +63,116 @@ def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fr
             shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=not fresh)
         write(tmp)
-        write_manifest(tmp)
-        _fsync_tree(tmp)
-        if final.exists():  # saving the same step twice: swap, so a complete folder always exists
-            old = final.parent / f"old-{final.name}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(final.parent)  # the rename itself survives a power cut
+        with writing(f"writing {MANIFEST_NAME}"):
+            write_manifest(tmp)
+        with writing("flushing the files to disk (fsync)"):
+            _fsync_tree(tmp)
+        with writing(f"renaming {tmp.name} to {final.name}"):
+            if final.exists():  # saving the same step twice: swap, so a complete folder always exists
+                old = final.parent / f"old-{final.name}"
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(final.parent)  # the rename itself survives a power cut
     return final
 
 
 @contextlib.contextmanager
 def staging_removed_on_error(final: Path):
-    """On any error inside: the staging folder of ``final`` is removed, and an ``OSError``/``RuntimeError`` (torch.save
-    reports a full disk as one) becomes the ``OSError`` of :func:`_write_error`, naming the folder and the file."""
+    """On any error inside: the staging folder of ``final`` is removed, and the error (an ``OSError``, torch.save's
+    ``RuntimeError`` for a full disk, safetensors' ``SafetensorError``, anything else) becomes the ``OSError`` of
+    :func:`_write_error`, naming the folder, the file and what happened. Interrupts (Ctrl-C) pass as they are."""
     try:
         yield
     except BaseException as e:
         tmp = staging_folder(final)
-        error = _write_error(final, tmp, e) if isinstance(e, (OSError, RuntimeError)) else None
+        named = isinstance(e, Exception) and not getattr(e, "checkpoint_named", False)
+        error = _write_error(final, tmp, e) if named else None
         shutil.rmtree(tmp, ignore_errors=True)
         if error is not None:
             raise error from e
         raise
 
 
+_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}  # no room, file too large, quota
+_DENIED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+_RUST_IO_ERROR = re.compile(r"I/O error: (.+?) \(os error (\d+)\)")  # how safetensors reports an OS error
+
+
 def _write_error(final: Path, tmp: Path, error: BaseException) -> OSError:
-    """An ``OSError`` naming the checkpoint, the file being written (the newest in the staging folder),
-    the cause, the size a checkpoint takes and the free space (read before the staging folder goes)."""
-    cause = getattr(error, "strerror", None) or str(error).splitlines()[0]
+    """An ``OSError`` naming the checkpoint, what was being written (``formats.writing``'s label, else the newest
+    file in the staging folder), the cause, and what happened: a full disk (with the size a checkpoint takes and
+    the free space, read before the staging folder goes), ``output_dir`` or the staging folder deleted, permissions
+    taken away, or another error."""
+    output_dir = final.parent
+    code = error.errno if isinstance(error, OSError) else None
+    first_line = (str(error).splitlines() or [""])[0]
+    if isinstance(error, OSError):
+        cause = error.strerror or first_line or type(error).__name__
+    elif isinstance(error, RuntimeError) and type(error).__module__ == "builtins":  # torch.save: its own words
+        cause = first_line or type(error).__name__
+    else:
+        cause = f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
+    rust = _RUST_IO_ERROR.search(str(error))
+    if code is None and rust:  # SafetensorError: the OS error inside its message
+        cause, code = rust.group(1), int(rust.group(2))
     files = [p for p in tmp.rglob("*") if p.is_file()] if tmp.is_dir() else []
-    culprit = getattr(error, "filename", None)
-    if culprit is None and files:
-        culprit = max(files, key=lambda p: p.stat().st_mtime_ns)  # the one being written when it failed
-    culprit = Path(culprit).name if culprit is not None else "its first file"
+    doing = getattr(error, "checkpoint_step", None)
+    if doing is None:
+        culprit = getattr(error, "filename", None)
+        if culprit is None and files:
+            culprit = max(files, key=lambda p: p.stat().st_mtime_ns)  # the one being written when it failed
+        doing = f"writing {Path(culprit).name if culprit is not None else 'its first file'}"
     written = sum(p.stat().st_size for p in files)
     try:
-        previous = sorted_checkpoints(final.parent)
-        free = shutil.disk_usage(final.parent).free
-    except OSError:
+        previous = sorted_checkpoints(output_dir)
+        free = shutil.disk_usage(output_dir).free
+    except OSError:  # output_dir is gone (said below) or cannot be read
         previous, free = [], None
+    needed = sum(p.stat().st_size for p in previous[-1].rglob("*") if p.is_file()) if previous else written
+    hidden = code is None and isinstance(error, RuntimeError) and type(error).__module__ == "builtins"
+    if hidden and free is not None and free < needed:  # torch.save hides the errno of a full disk
+        code, cause = errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}; torch said: {cause}"
+    head = f"could not write checkpoint {final}: {doing} failed ({cause})"
+    if not output_dir.is_dir():  # deleted under the run: no disk advice, nothing is left to be intact
+        return _named(code, f"{head}. output_dir {output_dir} was deleted while the checkpoint was written (by "
+                      "another process or by hand), with the checkpoints in it. Leave output_dir in place while a run "
+                      "writes into it, and train again")
+    if code == errno.ENOENT and not tmp.is_dir():
+        return _named(code, f"{head}. Its staging folder {tmp} was deleted while the checkpoint was written (by "
+                      "another process or by hand); nothing of this checkpoint was kept and older checkpoints are "
+                      "intact. Leave output_dir's folders alone while a run writes into it, and resume with "
+                      "resume_from_checkpoint=True")
+    if code in _DENIED_ERRNOS:
+        return _named(code, f"{head}. output_dir {output_dir} cannot be written any more (its permissions or its "
+                      "mount changed during the run); nothing of this checkpoint was kept and older checkpoints are "
+                      f"intact. Restore the permissions of {output_dir} (or mount it writable again) and resume with "
+                      "resume_from_checkpoint=True")
     if previous:
-        needed = sum(p.stat().st_size for p in previous[-1].rglob("*") if p.is_file())
         size = f"a checkpoint here takes about {_human_bytes(needed)} (the size of {previous[-1].name})"
     else:
-        needed = written
         size = f"a checkpoint here takes more than the {_human_bytes(written)} written before the failure"
-    code = getattr(error, "errno", None)
-    if code is None and free is not None and free < needed:  # torch.save hides the errno of a full disk
-        code, cause = errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}; torch said: {cause}"
     room = f" and {_human_bytes(free)} is free there" if free is not None else ""
-    message = (
-        f"could not write checkpoint {final}: writing {culprit} failed ({cause}); {size}{room}. Nothing of this "
-        "checkpoint was kept and older checkpoints are intact. Free disk space or lower save_total_limit: "
-        "save_total_limit=N needs room for N+1 checkpoints (the oldest is deleted only after the new one is complete)"
-    )
-    return OSError(code, message) if code is not None else OSError(message)
+    space = ("Free disk space or lower save_total_limit: save_total_limit=N needs room for N+1 checkpoints (the "
+             "oldest is deleted only after the new one is complete)")
+    if code in _SPACE_ERRNOS:
+        advice = space
+    elif hidden:  # torch.save's "enforce fail ... unexpected pos": a failed write whose OS error it does not give
+        advice = ("torch.save does not say why the write failed; a full disk, a quota or a file-size limit "
+                  f"(ulimit -f) are the usual causes. {space}")
+    else:
+        advice = "Fix the cause above and resume with resume_from_checkpoint=True"
+    return _named(code, f"{head}; {size}{room}. Nothing of this checkpoint was kept and older checkpoints are "
+                  f"intact. {advice}")
+
+
+def _named(code: int | None, message: str) -> OSError:
+    error = OSError(code, message) if code is not None else OSError(message)
+    error.checkpoint_named = True  # an enclosing staging_removed_on_error passes it on as it is
+    return error
 
 
 def _human_bytes(n: int) -> str:
@@ -136,7 +188,8 @@ def prepare_staging(final: str | os.PathLike) -> Path:
     tmp = staging_folder(final)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        with writing(f"creating {tmp.name}"):
+            tmp.mkdir(parents=True)
     except OSError as e:
         raise _write_error(Path(final), tmp, e) from e
     return tmp
@@ -147,7 +200,9 @@ def save_rng_state(final: str | os.PathLike, process_index: int, world_size: int
     tmp = staging_folder(final)
     with staging_removed_on_error(Path(final)):
         tmp.mkdir(parents=True, exist_ok=True)  # a node that does not share the main process's disk
-        torch.save(capture_rng_state(world_size), tmp / rng_state_name(process_index, world_size))
+        name = rng_state_name(process_index, world_size)
+        with writing(f"writing {name}"):
+            torch.save(capture_rng_state(world_size), tmp / name)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -168,15 +223,15 @@ def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
         if CHECKPOINT_DIR_RE.match(final.name) and not final.exists():
             os.replace(old, final)
         else:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_folder(old)
             deleted.append(old)
     for doomed in output_dir.glob(DELETING_PREFIX + "checkpoint-*"):  # a rotation killed mid-delete
-        shutil.rmtree(doomed, ignore_errors=True)
+        remove_folder(doomed)
         deleted.append(doomed)
     for tmp in output_dir.glob("tmp-checkpoint-*"):
-        if CHECKPOINT_DIR_RE.match(tmp.name[len("tmp-"):]) and tmp.is_dir():
+        if CHECKPOINT_DIR_RE.match(tmp.name[len("tmp-"):]) and (tmp.is_dir() or tmp.is_symlink()):
             logger.info("removing incomplete checkpoint %s (a save was interrupted)", tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_folder(tmp)
             deleted.append(tmp)
     return deleted
 
