@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import activation_checkpointing, data, evaluation, loss as loss_utils, neftune, optimization, overflow
+from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
 from .backend import AcceleratorView, Backend
 from .checkpoint import background, formats, manifest, save_load, signals, writer
@@ -242,6 +242,8 @@ class Trainer:
             neftune.input_embeddings(self.model)
         if args.activation_checkpointing:
             activation_checkpointing.check(self.model)
+        if args.use_liger_kernel:  # a CPU, a missing package or a misspelt kernel: refused here, not in step 1
+            liger.check(self.backend.device.type, args.liger_kernel_config)
         peft_support.refuse_quantized_without_adapters(self.model)  # a quantized model needs adapters to train
         self._refuse_ignored_overrides()
 
@@ -589,6 +591,8 @@ class Trainer:
         if resume_from_checkpoint is not None:
             logger.info("resuming from %s", resume_from_checkpoint)
             self._load_from_checkpoint(resume_from_checkpoint)
+        if self.args.use_liger_kernel:  # as transformers: patched by train(), after model_init made the model
+            liger.apply(self.backend.unwrap(self.model), self.args.liger_kernel_config)
         if self.args.activation_checkpointing:  # as transformers: on from train() on (enabling twice is harmless)
             how = activation_checkpointing.enable(self.backend.unwrap(self.model), self.args.activation_checkpointing_kwargs)
             logger.info("activation checkpointing on, through %s", how)
