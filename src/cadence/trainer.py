@@ -330,6 +330,13 @@ class Trainer:
             global_batch = self._batch_layout(args).global_batch
             return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=self.backend.data_parallel_rank,
                                              world_size=self.backend.data_parallel_size)
+        if args.train_sampling_strategy == "batch_rebalance":  # micro-batches of balanced cost: a batch sampler
+            names = getattr(self.processing_class, "model_input_names", None)
+            lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
+            return data.BatchRebalanceSampler(lengths, self._batch_layout(args).global_batch,
+                                              self.backend.data_parallel_size, args.gradient_accumulation_steps,
+                                              seed=seed, rank=self.backend.data_parallel_rank,
+                                              drop_last=args.dataloader_drop_last)
         shuffle = args.train_sampling_strategy != "sequential"
         # one share per data-parallel rank: the processes of a tensor-parallel group read the same batches
         return data.EpochSampler(len(dataset), shuffle, seed, self.backend.data_parallel_rank, self.backend.data_parallel_size)
@@ -368,6 +375,9 @@ class Trainer:
             kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, self.backend.data_parallel_rank,
                                                             self.backend.data_parallel_size, kwargs.pop("drop_last"))
             del kwargs["batch_size"]
+        elif isinstance(sampler, data.BatchRebalanceSampler):  # it makes the (variable-size) batches itself
+            kwargs["batch_sampler"] = sampler
+            del kwargs["batch_size"], kwargs["drop_last"]
         elif sampler is not None:
             kwargs["sampler"] = sampler
         return data.TrainerDataLoader(dataset, num_processes=args.world_size, **kwargs)
@@ -756,7 +766,7 @@ class Trainer:
         skip = resume.skip_batches if resume is not None else 0  # trained batches: never loaded again
         loop.epoch, loop.batches_in_epoch = epoch, skip
         stream = not has_length(train_dataloader)
-        data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size)
+        data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size, skip_batches=skip)
 
         def begin_epoch() -> None:
             self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)

@@ -594,7 +594,8 @@ class TrainingArguments:
         default="random",
         metadata=_help(
             "Training sampler: 'random', 'sequential', 'group_by_length' (samples of similar length batched "
-            "together) or 'batch_rebalance' (not built in cadence: it raises a ValueError).",
+            "together) or 'batch_rebalance' (micro-batches of balanced padded-token cost across processes and "
+            "accumulation steps: transformers' BatchRebalanceSampler, seeded by data_seed or seed).",
             choices=["random", "sequential", "group_by_length", "batch_rebalance"],
         ),
     )
@@ -1181,7 +1182,6 @@ _STEP_INTERVALS = (
 # Features cadence does not have yet. "field" is refused when set to a truthy value other than its
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
 _NOT_YET_BUILT: dict[str, str] = {
-    "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
 }
 
 # Settings cadence refuses on purpose, with the reason.
