@@ -173,3 +173,16 @@ def test_two_processes_train_on_transformers_batches(tmp_path):
         assert len(rows) == len(set(rows)) == (8 if step % 4 == 3 else 12)  # 44 = 3 x 12 + 8 per epoch
     for name, value in result["unbroken"].items():
         assert torch.equal(result["resumed"][name], value), name
+
+
+@pytest.mark.parametrize("strategy", ["batch_rebalance", "group_by_length"])
+def test_stream_warns_that_the_strategy_is_ignored(out_dir, strategy, caplog):
+    from tiny import Stream
+
+    trainer = Trainer(TokenTagger(dtype=torch.float64), make_args(out_dir, train_sampling_strategy=strategy,
+                                                                  max_steps=2, remove_unused_columns=True),
+                      train_dataset=Stream(TokenDataset(16)), data_collator=pad_collate)
+    with caplog.at_level("WARNING", logger="cadence.trainer"):
+        trainer.train()
+    assert f"train_sampling_strategy='{strategy}' is ignored: the train_dataset has no length" in caplog.text
+    assert trainer.state.global_step == 2

@@ -408,6 +408,10 @@ class Trainer:
         """The training dataloader: shuffled per epoch with ``(data_seed or seed) + epoch``, sharded by process."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass train_dataset=... to Trainer")
+        strategy = self.args.train_sampling_strategy
+        if data.is_iterable_dataset(self.train_dataset) and strategy in ("group_by_length", "batch_rebalance"):
+            logger.warning("train_sampling_strategy=%r is ignored: the train_dataset has no length (an IterableDataset), "
+                           "so its samples are trained in the stream's own order (as in transformers)", strategy)
         return self._get_dataloader(self.train_dataset, "training", self.args.train_batch_size,
                                     sampler_fn=self._get_train_sampler, is_training=True)
 
