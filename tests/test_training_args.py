@@ -377,6 +377,9 @@ def test_hub_fields_without_push_are_accepted():
 
 
 def test_refusal_is_one_table_line(monkeypatch):
+    monkeypatch.setitem(ta._NOT_YET_BUILT, "use_liger_kernel", "Liger kernels")
+    with pytest.raises(ValueError, match=r"use_liger_kernel=True is not built in cadence yet \(Liger kernels\)"):
+        TrainingArguments(use_liger_kernel=True)
     monkeypatch.delitem(ta._NOT_YET_BUILT, "use_liger_kernel")
     assert TrainingArguments(use_liger_kernel=True).use_liger_kernel is True
 

@@ -194,6 +194,164 @@ class LengthGroupedSampler(EpochSampler):
         return length_grouped_indices(self.lengths, self.batch_size, generator=generator)
 
 
+class BatchRebalanceSampler(Sampler[list[int]]):
+    """Batches that balance padded-token cost over processes and accumulation steps (transformers 5.24's
+    ``train_sampling_strategy="batch_rebalance"``, the same batches for the same seed).
+
+    Each optimizer step takes the next ``effective_batch_size`` indices of the epoch's order (``randperm`` seeded by
+    ``seed + epoch``, as ``EpochSampler``), sorts them longest first and cuts them into ``dp_size * grad_accum``
+    contiguous groups whose cost ``size * longest + 0.001 * size * longest**2`` (padding plus attention's quadratic
+    term) is made near-equal by moving one sample at a time from the dearest group to the cheapest. The groups,
+    ranked by cost, are dealt slot by slot: the ``dp_size`` dearest are every process's first micro-batch, the next
+    ``dp_size`` the second, ... So a batch of long rows holds few of them, one of short rows many, and the step's
+    processes wait little for each other. Every process computes the same groups from the seed (no communication)
+    and yields its own ``grad_accum`` micro-batches per step.
+
+    Args:
+        lengths: the length (tokens) of each sample.
+        effective_batch_size: samples per optimizer step over all processes (per-device batch x accumulation x
+            processes).
+        dp_size: data-parallel processes.
+        grad_accum: micro-batches per optimizer step.
+        shuffle: draw each epoch's order (else dataset order).
+        seed: base seed; epoch ``e``'s batches depend only on ``seed + e``.
+        rank: this process.
+        drop_last: leave out the epoch's last, partial step; else it is balanced too (padded by repeating the
+            epoch's first samples when it has fewer than ``dp_size * grad_accum`` samples).
+
+    ``set_epoch(epoch, skip)`` starts epoch ``epoch`` after ``skip`` of this process's micro-batches: a resumed run
+    balances only the steps it still trains.
+
+    Example:
+        >>> s = BatchRebalanceSampler([9, 1, 1, 1, 2, 2], effective_batch_size=6, dp_size=1, grad_accum=2, shuffle=False)
+        >>> list(s)
+        [[4, 5, 1, 2, 3], [0]]
+    """
+
+    QUADRATIC_COST_COEF = 0.001  # weight of attention's O(length**2) work against the linear layers' O(length)
+
+    def __init__(self, lengths: list[int], effective_batch_size: int, dp_size: int, grad_accum: int,
+                 shuffle: bool = True, seed: int = 42, rank: int = 0, drop_last: bool = True):
+        groups = dp_size * grad_accum
+        if dp_size < 1 or grad_accum < 1 or effective_batch_size < groups:
+            raise ValueError(
+                f"BatchRebalanceSampler(effective_batch_size={effective_batch_size}, dp_size={dp_size}, "
+                f"grad_accum={grad_accum}) is invalid: each of the dp_size x grad_accum micro-batches of a step needs "
+                "a sample; pass effective_batch_size >= dp_size * grad_accum >= 1"
+            )
+        self.lengths = lengths.tolist() if isinstance(lengths, (torch.Tensor, np.ndarray)) else list(lengths)
+        self.effective_batch_size, self.dp_size, self.grad_accum = effective_batch_size, dp_size, grad_accum
+        self.shuffle, self.seed, self.rank, self.drop_last = shuffle, seed, rank, drop_last
+        self.batch_size = effective_batch_size // groups  # the mean micro-batch (TrainerDataLoader.batch_size)
+        self.epoch, self.skip = 0, 0
+        full, rest = divmod(len(self.lengths), effective_batch_size)
+        self.steps = full + (1 if rest and not drop_last else 0)  # optimizer steps per epoch
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Draw epoch ``epoch``'s order; leave out this process's first ``skip`` micro-batches."""
+        self.epoch, self.skip = epoch, skip
+
+    def __len__(self) -> int:
+        return max(self.steps * self.grad_accum - self.skip, 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        n = len(self.lengths)
+        order = (torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+                 if self.shuffle else list(range(n)))
+        first_step, first_slot = divmod(self.skip, self.grad_accum)  # trained steps are never balanced again
+        for step in range(first_step, self.steps):
+            batch = order[step * self.effective_batch_size : (step + 1) * self.effective_batch_size]
+            short = self.dp_size * self.grad_accum - len(batch)
+            if short > 0:  # a tiny last step: repeat the epoch's first samples so every micro-batch has one
+                batch += (order * -(-short // n))[:short]
+            slots = self._deal(batch)
+            for slot in range(first_slot if step == first_step else 0, self.grad_accum):
+                yield slots[slot][self.rank]
+
+    def _cost(self, size: int, longest: int) -> float:
+        return size * longest + self.QUADRATIC_COST_COEF * size * longest * longest
+
+    def _deal(self, batch: list[int]) -> list[list[list[int]]]:
+        """``[slot][rank]``: the step's indices as balanced groups, dearest groups in the first slot."""
+        ranked = sorted(batch, key=self.lengths.__getitem__, reverse=True)  # stable: ties keep the drawn order
+        counts = self._balanced_counts([self.lengths[i] for i in ranked])
+        starts = [sum(counts[:g]) for g in range(len(counts))]
+        groups = [ranked[start : start + count] for start, count in zip(starts, counts)]
+        by_cost = sorted(range(len(groups)), key=lambda g: self._group_cost(counts, starts, g, ranked), reverse=True)
+        d = self.dp_size
+        return [[groups[g] for g in by_cost[slot * d : (slot + 1) * d]] for slot in range(self.grad_accum)]
+
+    def _group_cost(self, counts: list[int], starts: list[int], g: int, ranked: list[int]) -> float:
+        return self._cost(counts[g], self.lengths[ranked[starts[g]]]) if counts[g] else 0.0
+
+    def _balanced_counts(self, longest_first: list[int]) -> list[int]:
+        """Sizes of the contiguous groups of ``longest_first`` (lengths, longest first) with near-equal cost.
+
+        Hill climbing: each round moves one sample from the dearest group still in play to the cheapest. A dearest
+        group of one sample cannot shrink: its slot (the ``dp_size`` groups of its cost rank) is first topped up from
+        cheaper groups outside it, up to its cost, then taken out of play. Stops at a repeated state, at equal costs,
+        or after ``max(30 K, n)`` rounds, and returns the state of least spread seen.
+        """
+        n, k = len(longest_first), self.dp_size * self.grad_accum
+        counts = [n // k + (1 if g < n % k else 0) for g in range(k)]
+
+        def costs_of(sizes: list[int]) -> list[float]:
+            out, start = [], 0
+            for size in sizes:
+                out.append(self._cost(size, longest_first[start]) if size else 0.0)
+                start += size
+            return out
+
+        frozen: set[int] = set()
+        seen: set[tuple[int, ...]] = set()
+        best, best_spread = list(counts), float("inf")
+        for _ in range(max(30 * k, self.effective_batch_size)):
+            if tuple(counts) in seen:  # a cycle: no move improves any more
+                break
+            seen.add(tuple(counts))
+            costs = costs_of(counts)
+            active = [g for g in range(k) if g not in frozen]
+            if len(active) <= 1:
+                break
+            dearest = max(active, key=costs.__getitem__)
+            cheapest = min(active, key=costs.__getitem__)
+            if costs[dearest] - costs[cheapest] < best_spread:
+                best_spread, best = costs[dearest] - costs[cheapest], list(counts)
+            if costs[dearest] == costs[cheapest]:
+                break
+            if counts[dearest] > 1:
+                counts[dearest] -= 1
+                counts[cheapest] += 1
+            else:
+                self._top_up_and_freeze(counts, costs, dearest, frozen, longest_first, costs_of)
+        return best
+
+    def _top_up_and_freeze(self, counts: list[int], costs: list[float], dearest: int, frozen: set[int],
+                           longest_first: list[int], costs_of: Callable[[list[int]], list[float]]) -> None:
+        """Take ``dearest``'s slot out of play, after giving its other groups samples of cheaper groups outside it
+        while each stays at most ``dearest``'s cost (the slot's peak does not grow; the rest gets cheaper)."""
+        rank_of_cost = sorted(range(len(costs)), key=costs.__getitem__, reverse=True)
+        start = rank_of_cost.index(dearest) // self.dp_size * self.dp_size
+        slot = set(rank_of_cost[start : start + self.dp_size])
+        cap = costs[dearest]
+        for g in slot:  # a set's order, as transformers iterates it (the top-ups depend on the order)
+            if g in frozen or g == dearest:
+                continue
+            while True:
+                now = costs_of(counts)
+                first = sum(counts[:g])
+                longest = longest_first[first] if counts[g] else 0
+                if self._cost(counts[g] + 1, longest) > cap:
+                    break
+                donors = [d for d in range(len(counts)) if d not in frozen and d not in slot and counts[d] > 1]
+                if not donors:
+                    break
+                donor = min(donors, key=now.__getitem__)
+                counts[g] += 1
+                counts[donor] -= 1
+        frozen.update(slot)
+
+
 def sample_lengths(dataset: Any, key: str, length_column: str | None = None) -> list[int]:
     """The length of every sample: a precomputed ``length_column`` if the dataset has one, else ``len(sample[key])``.
 
@@ -248,14 +406,18 @@ def content_sample(dataset: Any, rows: int = 8) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0) -> None:
+def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0, skip_batches: int | None = None) -> None:
     """Tell the sampler and the dataset (e.g. a shuffling ``datasets.IterableDataset``) the epoch.
 
     ``skip``: samples of this process's share already trained (a resumed epoch); cadence's samplers leave
-    them out, so no batch is loaded to be thrown away. Another sampler (a subclass's, e.g. TRL's
-    ``RepeatSampler``) cannot: its trained batches are read again and dropped (:func:`skips_by_reading`).
+    them out, so no batch is loaded to be thrown away. ``skip_batches``: the same position in batches, for a
+    batch sampler whose batches vary in size (``BatchRebalanceSampler``). Another sampler (a subclass's, e.g.
+    TRL's ``RepeatSampler``) cannot skip: its trained batches are read again and dropped (:func:`skips_by_reading`).
     """
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
     sampler = getattr(dataloader, "sampler", None)
+    if isinstance(batch_sampler, BatchRebalanceSampler):  # its batches vary in size: it skips whole batches
+        batch_sampler.set_epoch(epoch, skip_batches or 0)
     if isinstance(sampler, EpochSampler):  # and LengthGroupedSampler, its subclass
         sampler.set_epoch(epoch, skip)
     elif callable(getattr(sampler, "set_epoch", None)):
@@ -268,6 +430,8 @@ def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0) -> None:
 def skips_by_reading(dataloader: DataLoader) -> bool:
     """Whether a resumed epoch must read its trained batches again to pass them (as transformers always does):
     a stream, or a sampler that is not cadence's."""
+    if isinstance(getattr(dataloader, "batch_sampler", None), BatchRebalanceSampler):
+        return False
     return not has_length(dataloader) or not isinstance(getattr(dataloader, "sampler", None), EpochSampler)
 
 
@@ -1015,6 +1179,7 @@ __all__ = [
     "EpochSampler",
     "EvalBatchSampler",
     "LengthGroupedSampler",
+    "BatchRebalanceSampler",
     "length_grouped_indices",
     "default_data_collator",
     "DefaultDataCollator",

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import activation_checkpointing, data, evaluation, loss as loss_utils, neftune, optimization, overflow
+from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
 from .backend import AcceleratorView, Backend
 from .checkpoint import background, formats, manifest, save_load, signals, writer
@@ -242,6 +242,8 @@ class Trainer:
             neftune.input_embeddings(self.model)
         if args.activation_checkpointing:
             activation_checkpointing.check(self.model)
+        if args.use_liger_kernel:  # a CPU, a missing package or a misspelt kernel: refused here, not in step 1
+            liger.check(self.backend.device.type, args.liger_kernel_config)
         peft_support.refuse_quantized_without_adapters(self.model)  # a quantized model needs adapters to train
         self._refuse_ignored_overrides()
 
@@ -328,6 +330,13 @@ class Trainer:
             global_batch = self._batch_layout(args).global_batch
             return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=self.backend.data_parallel_rank,
                                              world_size=self.backend.data_parallel_size)
+        if args.train_sampling_strategy == "batch_rebalance":  # micro-batches of balanced cost: a batch sampler
+            names = getattr(self.processing_class, "model_input_names", None)
+            lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
+            return data.BatchRebalanceSampler(lengths, self._batch_layout(args).global_batch,
+                                              self.backend.data_parallel_size, args.gradient_accumulation_steps,
+                                              seed=seed, rank=self.backend.data_parallel_rank,
+                                              drop_last=args.dataloader_drop_last)
         shuffle = args.train_sampling_strategy != "sequential"
         # one share per data-parallel rank: the processes of a tensor-parallel group read the same batches
         return data.EpochSampler(len(dataset), shuffle, seed, self.backend.data_parallel_rank, self.backend.data_parallel_size)
@@ -366,6 +375,9 @@ class Trainer:
             kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, self.backend.data_parallel_rank,
                                                             self.backend.data_parallel_size, kwargs.pop("drop_last"))
             del kwargs["batch_size"]
+        elif isinstance(sampler, data.BatchRebalanceSampler):  # it makes the (variable-size) batches itself
+            kwargs["batch_sampler"] = sampler
+            del kwargs["batch_size"], kwargs["drop_last"]
         elif sampler is not None:
             kwargs["sampler"] = sampler
         return data.TrainerDataLoader(dataset, num_processes=args.world_size, **kwargs)
@@ -396,6 +408,10 @@ class Trainer:
         """The training dataloader: shuffled per epoch with ``(data_seed or seed) + epoch``, sharded by process."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass train_dataset=... to Trainer")
+        strategy = self.args.train_sampling_strategy
+        if data.is_iterable_dataset(self.train_dataset) and strategy in ("group_by_length", "batch_rebalance"):
+            logger.warning("train_sampling_strategy=%r is ignored: the train_dataset has no length (an IterableDataset), "
+                           "so its samples are trained in the stream's own order (as in transformers)", strategy)
         return self._get_dataloader(self.train_dataset, "training", self.args.train_batch_size,
                                     sampler_fn=self._get_train_sampler, is_training=True)
 
@@ -589,6 +605,8 @@ class Trainer:
         if resume_from_checkpoint is not None:
             logger.info("resuming from %s", resume_from_checkpoint)
             self._load_from_checkpoint(resume_from_checkpoint)
+        if self.args.use_liger_kernel:  # as transformers: patched by train(), after model_init made the model
+            liger.apply(self.backend.unwrap(self.model), self.args.liger_kernel_config)
         if self.args.activation_checkpointing:  # as transformers: on from train() on (enabling twice is harmless)
             how = activation_checkpointing.enable(self.backend.unwrap(self.model), self.args.activation_checkpointing_kwargs)
             logger.info("activation checkpointing on, through %s", how)
@@ -752,7 +770,7 @@ class Trainer:
         skip = resume.skip_batches if resume is not None else 0  # trained batches: never loaded again
         loop.epoch, loop.batches_in_epoch = epoch, skip
         stream = not has_length(train_dataloader)
-        data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size)
+        data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size, skip_batches=skip)
 
         def begin_epoch() -> None:
             self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)

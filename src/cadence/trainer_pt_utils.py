@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from .data import (
+    BatchRebalanceSampler,
     DistributedLengthGroupedSampler,
     DistributedSamplerWithLoop,
     IterableDatasetShard,
@@ -34,6 +35,7 @@ def __getattr__(name: str):
 __all__ = [
     *_TRAINER_METHODS,
     "AcceleratorConfig",
+    "BatchRebalanceSampler",
     "DistributedLengthGroupedSampler",
     "DistributedSamplerWithLoop",
     "EvalLoopContainer",

@@ -336,9 +336,19 @@ class TrainingArguments:
     torch_compile_mode: str | None = field(
         default=None, metadata=_help("torch.compile mode (e.g. 'reduce-overhead'); setting it implies torch_compile.")
     )
-    use_liger_kernel: bool = field(default=False, metadata=_help("Patch the model with Liger kernels." + _NOT_BUILT))
+    use_liger_kernel: bool = field(
+        default=False,
+        metadata=_help(
+            "Patch the model with liger-kernel's Triton kernels at the start of train() (RMSNorm, RoPE, SwiGLU, fused "
+            "linear cross-entropy, ... for the model types liger supports); needs a GPU and pip install liger-kernel."
+        ),
+    )
     liger_kernel_config: dict[str, bool] | None = field(
-        default=None, metadata=_help("Which Liger kernels to apply; only read with use_liger_kernel.")
+        default=None,
+        metadata=_help(
+            "Which Liger kernels to apply, e.g. {'rms_norm': False}; passed to liger's patch function for the model "
+            "type (None: liger's defaults). Only read with use_liger_kernel."
+        ),
     )
 
     # --- Other model-side options ---
@@ -584,7 +594,8 @@ class TrainingArguments:
         default="random",
         metadata=_help(
             "Training sampler: 'random', 'sequential', 'group_by_length' (samples of similar length batched "
-            "together) or 'batch_rebalance' (not built in cadence: it raises a ValueError).",
+            "together) or 'batch_rebalance' (micro-batches of balanced padded-token cost across processes and "
+            "accumulation steps: transformers' BatchRebalanceSampler, seeded by data_seed or seed).",
             choices=["random", "sequential", "group_by_length", "batch_rebalance"],
         ),
     )
@@ -1142,6 +1153,10 @@ _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "dataloader_prefetch_factor": (_at_least(1, True, True), "None or an integer >= 1", "pass None or e.g. 2"),
     "seed": (_is_seed, "an integer in [0, 2**32)", "pass a seed such as 42"),
     "data_seed": (lambda v: v is None or _is_seed(v), "None or an integer in [0, 2**32)", "pass None to use seed"),
+    "liger_kernel_config": (
+        lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, bool) for k, x in v.items())),
+        "None or a dict of Liger kernel names to True/False", "pass e.g. {'rms_norm': False, 'swiglu': True}",
+    ),
 }
 
 # field -> (is it odd?, what cadence does with it): values transformers accepts that usually are a slip; warned.
@@ -1168,10 +1183,7 @@ _STEP_INTERVALS = (
 
 # Features cadence does not have yet. "field" is refused when set to a truthy value other than its
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
-_NOT_YET_BUILT: dict[str, str] = {
-    "use_liger_kernel": "Liger kernels",
-    "train_sampling_strategy=batch_rebalance": "the batch-rebalancing sampler",
-}
+_NOT_YET_BUILT: dict[str, str] = {}  # empty since issue 29 built Liger kernels and batch_rebalance
 
 # Settings cadence refuses on purpose, with the reason.
 _REFUSED_BY_DESIGN: dict[str, str] = {
