@@ -542,6 +542,16 @@ ROWS = [
     cli_row("config-file-malformed-yaml", ["{dir}/bad.yaml"], "bad.yaml", "not valid YAML"),
     cli_row("config-file-malformed-json", ["{dir}/bad.json"], "bad.json", "not valid JSON"),
     cli_row("config-file-without-model", ["{dir}/no-model.yaml"], "no-model.yaml", "'model'"),
+    # --- issue 28 (12): a checkpoint of another optimizer is refused before the first resumed step
+    Row("resume-adamw-checkpoint-with-sgd", lambda out: fit(out, resume=True, args_kw=dict(optim="sgd", max_steps=4)),
+        ValueError, ("checkpoint-2", "optim='adamw_torch", "SGD", "optim='sgd'", "momentum"), setup=with_checkpoint()),
+    Row("resume-adamw-checkpoint-with-adafactor",
+        lambda out: fit(out, resume=True, args_kw=dict(optim="adafactor", max_steps=4)),
+        ValueError, ("checkpoint-2", "optim='adamw_torch", "Adafactor", "optim='adafactor'"), setup=with_checkpoint()),
+    Row("resume-transformers-style-adamw-checkpoint-with-sgd",  # no training_args.bin to read: the optimizer's keys
+        lambda out: fit(out, resume=True, args_kw=dict(optim="sgd", max_steps=4)),
+        ValueError, ("checkpoint-2", "betas", "SGD", "optim='sgd'"),
+        setup=with_checkpoint(removed("training_args.bin", "training_args.json", "checkpoint_manifest.json", "loop_state.json"))),
     Row("resume-weights-of-another-model", lambda out: fit(out, model=Classifier(), train_dataset=ClassDataset(8),
                                                             resume=True),
         ValueError, ("do not fit Classifier", "missing"), setup=with_checkpoint()),
