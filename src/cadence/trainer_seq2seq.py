@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import numbers
 import os
 from typing import Any
 
@@ -260,7 +261,7 @@ def check_generation_settings(config: Any, options: dict[str, Any], gen_kwargs: 
         value = options[name] if name in options else getattr(config, name, None)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints count
             raise ValueError(f"{source(name)} is invalid for generation: {name} must be a whole number >= {least}, got "
                              f"{type(value).__name__}; pass e.g. {name}={max(least, 1)}")
         if value < least:
@@ -272,8 +273,8 @@ def check_generation_settings(config: Any, options: dict[str, Any], gen_kwargs: 
     for name, value in options.items():
         if hasattr(merged, name):
             setattr(merged, name, value)
-    try:
-        merged.validate()
+    try:  # major issues only: minor ones (a shipped config's sampling flags) are generate()'s to warn about
+        merged.validate(user_set_attributes=set())
     except ValueError as error:
         raise ValueError(f"the generation settings of {call}() are invalid (model.generation_config updated with "
                          f"{options}): {error}") from None
