@@ -542,6 +542,29 @@ ROWS = [
     cli_row("config-file-malformed-yaml", ["{dir}/bad.yaml"], "bad.yaml", "not valid YAML"),
     cli_row("config-file-malformed-json", ["{dir}/bad.json"], "bad.json", "not valid JSON"),
     cli_row("config-file-without-model", ["{dir}/no-model.yaml"], "no-model.yaml", "'model'"),
+    # --- issue 28 (14): rows that are None or text, named by dataset and row
+    Row("train-rows-none", lambda out: fit(out, train_dataset=[None] * 16), ValueError,
+        ("train_dataset row 0 is None", "a dict of inputs")),
+    Row("train-one-none-row", lambda out: fit(out, train_dataset=[RegressionDataset(16)[i] if i != 2 else None
+                                                                  for i in range(16)],
+                                              args_kw=dict(train_sampling_strategy="sequential", max_steps=4)),
+        ValueError, ("train_dataset row 2 is None",)),
+    Row("train-rows-text", lambda out: fit(out, train_dataset=["y = 2x + 3"] * 16), ValueError,
+        ("train_dataset row 0 is a str", "tokenize")),
+    Row("eval-one-none-row", lambda out: fit(out, eval_dataset=[RegressionDataset(8)[i] if i != 6 else None
+                                                                for i in range(8)],
+                                             args_kw=dict(eval_strategy="steps", eval_steps=1, eval_on_start=True)),
+        ValueError, ("eval_dataset row 6 is None",)),
+    # --- issue 28 (12): a checkpoint of another optimizer is refused before the first resumed step
+    Row("resume-adamw-checkpoint-with-sgd", lambda out: fit(out, resume=True, args_kw=dict(optim="sgd", max_steps=4)),
+        ValueError, ("checkpoint-2", "optim='adamw_torch", "SGD", "optim='sgd'", "momentum"), setup=with_checkpoint()),
+    Row("resume-adamw-checkpoint-with-adafactor",
+        lambda out: fit(out, resume=True, args_kw=dict(optim="adafactor", max_steps=4)),
+        ValueError, ("checkpoint-2", "optim='adamw_torch", "Adafactor", "optim='adafactor'"), setup=with_checkpoint()),
+    Row("resume-transformers-style-adamw-checkpoint-with-sgd",  # no training_args.bin to read: the optimizer's keys
+        lambda out: fit(out, resume=True, args_kw=dict(optim="sgd", max_steps=4)),
+        ValueError, ("checkpoint-2", "betas", "SGD", "optim='sgd'"),
+        setup=with_checkpoint(removed("training_args.bin", "training_args.json", "checkpoint_manifest.json", "loop_state.json"))),
     Row("resume-weights-of-another-model", lambda out: fit(out, model=Classifier(), train_dataset=ClassDataset(8),
                                                             resume=True),
         ValueError, ("do not fit Classifier", "missing"), setup=with_checkpoint()),

@@ -261,6 +261,84 @@ def test_untokenized_text_input_is_refused_before_the_first_step(out_dir, kind):
         trainer.get_train_dataloader()
 
 
+GOOD_ROW = {"input_ids": [1, 2], "labels": 0}
+
+
+@pytest.mark.parametrize("rows,culprits", [
+    ([None] * 8, ("train_dataset row 0 is None", "a dict of inputs")),
+    ([GOOD_ROW, GOOD_ROW, None, *[GOOD_ROW] * 5], ("train_dataset row 2 is None", "a dict of inputs")),
+    ([None, *[GOOD_ROW] * 7], ("train_dataset row 0 is None",)),
+    (["w1 w2"] * 8, ("train_dataset row 0 is a str ('w1 w2')", "tokenize")),
+    ([GOOD_ROW, "w1 w2", *[GOOD_ROW] * 6], ("train_dataset row 1 is a str", "tokenize")),
+], ids=["all-none", "one-none", "none-first", "strings", "one-string"])
+def test_rows_that_are_none_or_text_are_named_before_the_first_step(out_dir, rows, culprits):
+    """torch's collate ("found <class 'NoneType'>"), an AttributeError, or the model's forward ("takes 2 positional
+    arguments but 5 were given") before: now the dataset, the row and what a row must be."""
+    message = first_step_error(out_dir, rows)
+    for culprit in culprits:
+        assert culprit in message, message
+
+
+def test_a_none_row_of_the_eval_dataset_is_named(out_dir):
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, max_steps=1, per_device_eval_batch_size=4),
+                      train_dataset=Rows([GOOD_ROW] * 4), eval_dataset=Rows([GOOD_ROW] * 5 + [None]))
+    with pytest.raises(ValueError, match=r"eval_dataset row 5 is None"):
+        trainer.evaluate()
+    with pytest.raises(ValueError, match=r"test_dataset row 5 is None"):
+        trainer.predict(Rows([GOOD_ROW] * 5 + [None]))
+
+
+def test_collators_name_a_bad_sample_of_the_batch():
+    for collate in (default_data_collator, DataCollatorWithPadding(pad_token_id=0)):
+        with pytest.raises(ValueError, match=r"sample 1 of the batch is None"):
+            collate([GOOD_ROW, None])
+        with pytest.raises(ValueError, match=r"sample 0 of the batch is a str"):
+            collate(["w1 w2", "w3"])
+
+
+def test_rows_that_are_not_dicts_still_train_with_their_own_collator(out_dir):
+    """Tuples through the default collator, strings with a tokenizing collator, tensors with a collator that
+    names them: what the default collator can take, or what a custom collator turns into a batch, still trains."""
+    tokenizer = word_tokenizer()
+
+    def tokenize(texts):
+        batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
+        batch["labels"] = torch.tensor([len(t.split()) % 3 for t in texts])
+        return batch
+
+    texts = ["w1 w2", "w3 w4 w5", "w6", "w7 w8"] * 2
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, max_steps=2, per_device_train_batch_size=4),
+                      train_dataset=Rows(texts), data_collator=tokenize)
+    assert trainer.train().global_step == 2
+
+    class TupleModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 1)
+
+        def forward(self, x, y):
+            return (torch.nn.functional.mse_loss(self.lin(x).squeeze(-1), y),)
+
+    pairs = [(torch.tensor([float(i), 1.0]), torch.tensor(float(i))) for i in range(8)]
+    trainer = Trainer(TupleModel(), make_args(out_dir, max_steps=2, per_device_train_batch_size=4), train_dataset=Rows(pairs))
+    assert trainer.train().global_step == 2
+    tensors = [torch.tensor([float(i), 1.0]) for i in range(8)]
+    trainer = Trainer(TupleModel(), make_args(out_dir, max_steps=2, per_device_train_batch_size=4), train_dataset=Rows(tensors),
+                      data_collator=lambda rows: {"x": torch.stack(rows), "y": torch.stack(rows)[:, 0]})
+    assert trainer.train().global_step == 2
+
+
+def test_a_collator_that_returns_rows_uncollated_is_named(out_dir):
+    """A collator returning the rows as they are (a list of strings) reached forward(*rows): "takes 2 positional
+    arguments but 5 were given"."""
+    trainer = Trainer(ClassifierModel(), make_args(out_dir, max_steps=1, per_device_train_batch_size=4,
+                                                   train_sampling_strategy="sequential"),
+                      train_dataset=Rows(["w1 w2"] * 4), data_collator=lambda rows: rows)
+    with pytest.raises(TypeError, match=r"data_collator returned a list of 4 str.*not collated"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
 def test_batch_larger_than_dataset_with_drop_last(out_dir):
     rows = [{"input_ids": [1, 2], "labels": 0}] * 3
     message = first_step_error(out_dir, rows, dataloader_drop_last=True)

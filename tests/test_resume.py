@@ -331,3 +331,26 @@ def test_weights_of_another_model_are_refused(tmp_path):
         os.remove(os.path.join(out, "checkpoint-2", name))
     with pytest.raises(FileNotFoundError, match="has no weights: none of model.safetensors"):
         train(out, resume=True)
+
+
+def test_a_compatible_optimizer_resumes_and_another_is_refused_before_its_first_step(tmp_path):
+    """adamw_torch_fused's checkpoint resumes with adamw_torch (the same torch.optim.AdamW state); with sgd the
+    resume stops before any step, naming both optimizers, instead of torch's KeyError: 'momentum' after it."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    args = args_with(max_steps=2, per_device_train_batch_size=4, logging_steps=1, save_strategy="steps", save_steps=2)
+    out = str(tmp_path / "run")
+    Trainer(RegressionModel(), args(out, optim="adamw_torch_fused"), train_dataset=RegressionDataset(16)).train()
+    resumed = Trainer(RegressionModel(), args(out, optim="adamw_torch", max_steps=4), train_dataset=RegressionDataset(16))
+    assert resumed.train(resume_from_checkpoint=True).global_step == 4
+    assert type(resumed.optimizer).__name__ == "AdamW"
+    steps = []
+    hook = register_optimizer_step_pre_hook(lambda optimizer, a, kw: steps.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"checkpoint-4 holds the state of another optimizer.*"
+                                             r"optim='adamw_torch'.*SGD \(optim='sgd'\).*'momentum'"):
+            Trainer(RegressionModel(), args(out, optim="sgd", max_steps=6),
+                    train_dataset=RegressionDataset(16)).train(resume_from_checkpoint=True)
+    finally:
+        hook.remove()
+    assert not steps

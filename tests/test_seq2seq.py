@@ -228,3 +228,42 @@ def test_bf16_generation_runs_under_autocast_like_transformers(tmp_path):
     assert set(dtypes) == set(hf_dtypes) == {torch.bfloat16} and len(dtypes) == len(hf_dtypes) > 2
     assert np.array_equal(ours.predictions, theirs.predictions)
     assert ours.metrics["test_loss"] == pytest.approx(theirs.metrics["test_loss"], abs=1e-5)
+
+
+def test_bad_generation_settings_fail_before_the_first_step_and_before_predicting(tmp_path):
+    """num_beams=0 in the model's generation config trained and then died at the first evaluation (ZeroDivisionError
+    inside generate); predict(num_beams=-3) gave "negative dimension": each is named before anything runs."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    steps = []
+    hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: steps.append(1))
+    try:
+        model = tiny_bart()
+        model.generation_config.num_beams = 0
+        trainer = Seq2SeqTrainer(model, seq2seq_args(cadence, tmp_path / "a", generation_num_beams=None,
+                                                     eval_strategy="steps", eval_steps=2),
+                                 data_collator=collate, train_dataset=rows(16), eval_dataset=rows(4))
+        with pytest.raises(ValueError, match=r"num_beams=0 .*model\.generation_config.*at least 1"):
+            trainer.train()
+        assert not steps
+        model = tiny_bart()
+        model.generation_config.max_new_tokens = 0  # set after construction: GenerationConfig's own check is bypassed
+        trainer = Seq2SeqTrainer(model, seq2seq_args(cadence, tmp_path / "b"), data_collator=collate,
+                                 train_dataset=rows(16))
+        with pytest.raises(ValueError, match=r"max_new_tokens=0 .*model\.generation_config"):
+            trainer.train()
+        assert not steps
+    finally:
+        hook.remove()
+    trainer = Seq2SeqTrainer(tiny_bart(), seq2seq_args(cadence, tmp_path / "c"), data_collator=collate)
+    spy = CountingGenerate(trainer.model)
+    with pytest.raises(ValueError, match=r"predict\(num_beams=-3\).*at least 1"):
+        trainer.predict(rows(4), num_beams=-3)
+    with pytest.raises(ValueError, match=r"evaluate\(max_length=0\).*at least 1"):
+        trainer.evaluate(rows(4), max_length=0)
+    with pytest.raises(ValueError, match=r"num_return_sequences=0"):
+        trainer.predict(rows(4), num_return_sequences=0)
+    with pytest.raises(ValueError, match=r"predict\(num_beams=2.5\).*whole number"):
+        trainer.predict(rows(4), num_beams=2.5)
+    assert not spy.calls  # refused before generating
+    assert trainer.predict(rows(4), num_beams=1, max_new_tokens=2).predictions.shape[0] == 4  # good ones still run

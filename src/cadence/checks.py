@@ -105,8 +105,9 @@ def check_batch(batch: Any, where: str = "data_collator") -> None:
     """
     if isinstance(batch, Mapping):
         return
-    if isinstance(batch, (tuple, list)) and batch and not any(isinstance(t, Mapping) for t in batch):
-        return  # positional inputs; a list of dicts is samples the collator did not collate
+    if (isinstance(batch, (tuple, list)) and batch and not any(isinstance(t, Mapping) for t in batch)
+            and not all(t is None or isinstance(t, (str, bytes)) for t in batch)):
+        return  # positional inputs; a list of dicts, or of texts, is samples the collator did not collate
     if batch is None:
         got = "None"
     elif torch.is_tensor(batch):

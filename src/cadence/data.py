@@ -445,6 +445,87 @@ def _as_mapping(sample: Any) -> Any:
     return vars(sample) if hasattr(sample, "__dict__") else sample
 
 
+class BadRowError(ValueError):
+    """A sample a default collator cannot take (None, text, a non-dict among dicts), at ``position`` in its batch;
+    the Trainer's ``NamedRows`` says which dataset and which of its rows."""
+
+    def __init__(self, message: str, position: int, row: Any):
+        super().__init__(message)
+        self.position, self.row = position, row
+
+
+def _row_kind(row: Any) -> str:
+    return "None" if row is None else f"a {type(row).__name__} ({row!r:.40})"
+
+
+def _is_bad_row(row: Any, among_dicts: bool) -> bool:
+    """What a default collator cannot take: None, text (torch would hand the strings to forward as arguments),
+    or, in a batch of dicts, anything that cannot be read as one."""
+    if row is None or isinstance(row, (str, bytes)):
+        return True
+    return among_dicts and not isinstance(row, Mapping) and not isinstance(_as_mapping(row), Mapping)
+
+
+def _what_a_row_is(row: Any) -> str:
+    if isinstance(row, (str, bytes)):
+        return ("the default collators stack dicts of numbers, not text: tokenize the dataset first (e.g. "
+                "dataset.map(lambda r: tokenizer(r['text']))), or pass a data_collator that tokenizes the text")
+    return ("a row must be a dict of inputs such as {'input_ids': [...], 'labels': ...} (or a tuple of tensors); "
+            "drop the empty rows from the dataset, or pass a data_collator that takes them")
+
+
+def _check_rows(features: list) -> None:
+    """Every sample is one the default collators can take; else a ``BadRowError`` naming it (a few isinstance
+    checks per batch)."""
+    among_dicts = isinstance(features[0], Mapping)
+    for i, row in enumerate(features):
+        if _is_bad_row(row, among_dicts):
+            raise BadRowError(f"sample {i} of the batch is {_row_kind(row)}: {_what_a_row_is(row)}", i, row)
+
+
+def dataset_name(description: str | None) -> str:
+    """The argument a dataloader's data came from, for messages: ``"training"`` -> ``train_dataset``."""
+    return {"training": "train_dataset", "evaluation": "eval_dataset", "test": "test_dataset"}.get(
+        description, f"the {description} dataset" if description else "the dataset")
+
+
+class NamedRows:
+    """The Trainer's collator, whose errors about a bad sample name the dataset and its row.
+
+    A ``BadRowError`` of the default collators (None, text, a non-dict among dicts) becomes one naming the
+    dataset and the index of its first such row (found by reading rows in order, on the error only, up to
+    ``scan`` of them; a copy sent to a worker process does not carry the dataset and names the batch position).
+
+    Args:
+        collator: the collator.
+        dataset: the map-style dataset the batches come from (None: a stream).
+        description: ``"training"``, ``"evaluation"`` or ``"test"``.
+    """
+
+    scan = 10_000
+
+    def __init__(self, collator: Callable, dataset: Any, description: str | None):
+        self.collator, self.dataset, self.description = collator, dataset, description
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "dataset": None}  # workers get the dataset once, from the DataLoader
+
+    def __call__(self, features: list) -> Any:
+        try:
+            return self.collator(features)
+        except BadRowError as error:
+            raise ValueError(self._named(error, isinstance(features[0], Mapping))) from None
+
+    def _named(self, error: BadRowError, among_dicts: bool) -> str:
+        name, index = dataset_name(self.description), None
+        if self.dataset is not None and hasattr(self.dataset, "__len__"):
+            index = next((j for j in range(min(len(self.dataset), self.scan))
+                          if _is_bad_row(self.dataset[j], among_dicts)), None)
+        row = error.row if index is None else self.dataset[index]
+        where = f"row {index}" if index is not None else f"a row (sample {error.position} of a batch)"
+        return f"{name} {where} is {_row_kind(row)}: {_what_a_row_is(row)}"
+
+
 def _check_same_keys(features: list[Mapping]) -> None:
     """Every sample of a batch has the keys of the first; else an error naming the sample and the keys."""
     keys = features[0].keys()
@@ -522,6 +603,7 @@ def default_data_collator(features: list, return_tensors: str = "pt") -> Any:
     """
     if return_tensors != "pt":
         raise ValueError(f"default_data_collator(return_tensors={return_tensors!r}): cadence collates to torch tensors only; pass 'pt'")
+    _check_rows(features)
     if not isinstance(features[0], Mapping):
         features = [_as_mapping(f) for f in features]
         if not isinstance(features[0], Mapping):
@@ -627,6 +709,7 @@ class DataCollatorWithPadding:
         return 1 if key == "special_tokens_mask" else 0
 
     def __call__(self, features: list[Mapping]) -> dict[str, Any]:
+        _check_rows(features)
         if not isinstance(features[0], Mapping):
             features = [_as_mapping(f) for f in features]
         if self.padding in (False, "do_not_pad"):
@@ -675,10 +758,14 @@ class DataCollatorWithPadding:
         return padded
 
 
+def _is_default_collator(collator: Callable) -> bool:
+    return isinstance(collator, (DataCollatorWithPadding, DefaultDataCollator)) or collator is default_data_collator
+
+
 def _refuse_text_inputs(sample: Mapping, accepted: set[str], collator: Callable, description: str | None) -> None:
     """A model argument holding text would be left out by cadence's collators (which skip strings, as
     HF's do) and the model would then miss it: say so before the first step."""
-    if not isinstance(collator, (DataCollatorWithPadding, DefaultDataCollator)) and collator is not default_data_collator:
+    if not _is_default_collator(collator):
         return  # a custom collator may tokenize text itself
     for key, value in sample.items():
         if key in accepted and isinstance(value, str):
@@ -725,6 +812,8 @@ def drop_unused_columns(dataset: Any, collator: Callable, accepted: set[str] | N
         if len(dataset) == 0:  # an empty eval set: no rows, no columns to drop
             return dataset, collator
         sample = _as_mapping(dataset[0])
+        if _is_default_collator(collator) and _is_bad_row(sample, False):  # seen now, whatever the order of batches
+            raise ValueError(f"{dataset_name(description)} row 0 is {_row_kind(sample)}: {_what_a_row_is(sample)}")
         if isinstance(sample, Mapping):
             _refuse_text_inputs(sample, accepted, collator, description)
         if not isinstance(sample, Mapping) or not [k for k in sample if k not in accepted]:
@@ -1185,6 +1274,7 @@ __all__ = [
     "DefaultDataCollator",
     "DataCollatorWithPadding",
     "RemoveColumnsCollator",
+    "NamedRows",
     "drop_unused_columns",
     "forward_arguments",
     "IterableShard",

@@ -347,6 +347,8 @@ class Trainer:
         (None, as ``_get_train_sampler`` gives for a stream: the DataLoader's own order, as transformers)."""
         args = self.args
         dataset, collate_fn = self._columns_for(dataset, description)
+        # a bad row (None, text) named by its dataset and index, not by torch's collate or the model's forward
+        collate_fn = data.NamedRows(collate_fn, None if data.is_iterable_dataset(dataset) else dataset, description)
         kwargs: dict[str, Any] = dict(
             batch_size=batch_size,
             collate_fn=collate_fn,

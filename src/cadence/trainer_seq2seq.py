@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import numbers
 import os
 from typing import Any
 
@@ -53,6 +54,21 @@ class Seq2SeqTrainer(Trainer):
         if getattr(self.args, "predict_with_generate", False):
             _check_can_generate(self.model)
         self._gen_kwargs: dict[str, Any] = {}
+
+    def train(self, *args: Any, **kwargs: Any):
+        """``Trainer.train``; with ``predict_with_generate``, the generation settings its evaluations will use are
+        checked first, so a bad one fails before the first step, not at the first evaluation."""
+        if getattr(self.args, "predict_with_generate", False):
+            self._check_generation({}, "train")
+        return super().train(*args, **kwargs)
+
+    def _check_generation(self, gen_kwargs: dict[str, Any], call: str) -> dict[str, Any]:
+        """The options generation will use (``gen_kwargs`` with the arguments' defaults), checked together with the
+        model's generation config; returned."""
+        options = self._generation_options(gen_kwargs)
+        if getattr(self.args, "predict_with_generate", False):
+            check_generation_settings(getattr(self.model, "generation_config", None), options, gen_kwargs, call)
+        return options
 
     @staticmethod
     def load_generation_config(gen_config_arg: Any):
@@ -107,7 +123,7 @@ class Seq2SeqTrainer(Trainer):
             for name, dataset in datasets.items():
                 metrics.update(self.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}", **gen_kwargs))
             return metrics
-        self._gen_kwargs = self._generation_options(gen_kwargs)
+        self._gen_kwargs = self._check_generation(gen_kwargs, "evaluate")
         return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test",
@@ -117,7 +133,7 @@ class Seq2SeqTrainer(Trainer):
         Example:
             >>> trainer.predict(test_ds, num_beams=4).predictions  # token ids, padded with the pad token
         """
-        self._gen_kwargs = self._generation_options(gen_kwargs)
+        self._gen_kwargs = self._check_generation(gen_kwargs, "predict")
         return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def _generation_options(self, gen_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -217,3 +233,48 @@ def _check_can_generate(model: nn.Module) -> None:
             f"predict_with_generate=True needs a model with a generate() method (a transformers generation model); "
             f"{type(model).__name__} has none: set predict_with_generate=False, or give the model a generate()"
         )
+
+
+# generation settings that count something: at least this many (GenerationConfig.validate leaves them to generate(),
+# which fails deep inside: ZeroDivisionError for num_beams=0, "negative dimension" for num_beams=-3)
+_AT_LEAST = {"num_beams": 1, "num_return_sequences": 1, "max_length": 1, "max_new_tokens": 1, "min_length": 0,
+             "min_new_tokens": 0, "num_beam_groups": 1, "no_repeat_ngram_size": 0}
+
+
+def check_generation_settings(config: Any, options: dict[str, Any], gen_kwargs: dict[str, Any], call: str) -> None:
+    """The settings ``generate`` will run with (``config`` updated with ``options``) refused when invalid, naming the
+    setting, its value and where it came from: ``{call}(...)``'s keyword, the generation_num_beams /
+    generation_max_length arguments, or ``model.generation_config``. ``GenerationConfig.validate`` catches what it
+    knows (major issues only: a shipped config's minor ones stay warnings, as in ``generate``).
+
+    Raises:
+        ValueError: a count below its minimum or not a whole number, or what ``validate`` refuses.
+    """
+    def source(name: str) -> str:
+        if name in gen_kwargs:
+            return f"{call}({name}={gen_kwargs[name]!r})"
+        if name in options:
+            return f"generation_{'num_beams' if name == 'num_beams' else 'max_length'}={options[name]!r} (Seq2SeqTrainingArguments)"
+        return f"{name}={getattr(config, name)!r} (from model.generation_config)"
+
+    for name, least in _AT_LEAST.items():
+        value = options[name] if name in options else getattr(config, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints count
+            raise ValueError(f"{source(name)} is invalid for generation: {name} must be a whole number >= {least}, got "
+                             f"{type(value).__name__}; pass e.g. {name}={max(least, 1)}")
+        if value < least:
+            raise ValueError(f"{source(name)} is invalid for generation: {name} must be at least {least}; "
+                             f"set {name}={max(least, 1)} or more" + (" (1 is greedy search)" if name == "num_beams" else ""))
+    if config is None or not hasattr(config, "validate"):
+        return
+    merged = copy.deepcopy(config)
+    for name, value in options.items():
+        if hasattr(merged, name):
+            setattr(merged, name, value)
+    try:  # major issues only: minor ones (a shipped config's sampling flags) are generate()'s to warn about
+        merged.validate(user_set_attributes=set())
+    except ValueError as error:
+        raise ValueError(f"the generation settings of {call}() are invalid (model.generation_config updated with "
+                         f"{options}): {error}") from None

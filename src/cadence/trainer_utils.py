@@ -600,7 +600,8 @@ class RemoveColumnsCollator:
             if not self.checked:
                 self.checked = True
                 check_columns(list(features[0]), self.keep, self.model_name, self.description, self.logger)
-            features = [{k: v for k, v in f.items() if k in self.keep} for f in features]
+            # a row that is no dict (None, text) goes on as it is: the collator names it
+            features = [{k: v for k, v in f.items() if k in self.keep} if isinstance(f, Mapping) else f for f in features]
         return self.data_collator(features)
 
 

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -36,7 +37,7 @@ from .. import data
 from ..loop_state import BatchLayout
 from ..trainer_utils import has_length, sorted_checkpoints
 from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
-                      TRAINER_STATE_NAME, CorruptCheckpointError, safe_load)
+                      TRAINER_STATE_NAME, CorruptCheckpointError, load_training_args, safe_load)
 from .manifest import verify_checkpoint
 from .rng import checkpoint_world_size, restore_rng_state, rng_state_name
 from .writer import remove_incomplete
@@ -273,8 +274,12 @@ def _rescale_position(folder: Path, skip: int, saved: BatchLayout, layout: Batch
 
 
 def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any,
-                                 load_optimizer: Callable[[Path], None] | None = None) -> None:
+                                 load_optimizer: Callable[[Path], None] | None = None,
+                                 run_optim: str | None = None) -> None:
     """Load ``optimizer.pt`` and ``scheduler.pt`` (``weights_only``) into the run's objects.
+
+    Raises ``ValueError`` when the checkpoint's optimizer is another than the run's (``run_optim``: its ``optim``,
+    for the message): its state lacks keys the run's optimizer reads.
 
     ``load_optimizer(folder)`` (the backend's, e.g. for FSDP shards in ``optimizer_0/``) replaces the plain load.
     """
@@ -286,11 +291,51 @@ def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any
             f"checkpoint {folder} has no {' / '.join(missing)} (written with save_only_model=True?): it holds weights "
             "only and cannot resume training; load its weights into the model and start a new run instead"
         )
+    needed = _optimizer_structure(optimizer)  # before the load replaces it with the checkpoint's
     if load_optimizer is not None:
         load_optimizer(folder)
     else:
         optimizer.load_state_dict(safe_load(folder / OPTIMIZER_NAME))
+    _check_same_optimizer(folder, optimizer, needed, run_optim)
     lr_scheduler.load_state_dict(safe_load(folder / SCHEDULER_NAME))
+
+
+def _optimizer_structure(optimizer: Any) -> tuple[list[set], dict[int, set]]:
+    """The keys ``optimizer`` reads: those of each param group, and of each parameter's state it already has
+    (most optimizers create it at their first step; Adagrad at construction)."""
+    groups = [set(group) for group in getattr(optimizer, "param_groups", [])]
+    state = getattr(optimizer, "state", {})
+    params = [p for group in getattr(optimizer, "param_groups", []) for p in group["params"]]
+    return groups, {i: set(state[p]) for i, p in enumerate(params) if p in state and isinstance(state[p], Mapping)}
+
+
+def _check_same_optimizer(folder: Path, optimizer: Any, needed: tuple[list[set], dict[int, set]],
+                          run_optim: str | None) -> None:
+    """A checkpoint of another optimizer (AdamW's state resumed with optim='sgd') loads without a complaint from
+    torch, which takes the saved param groups as they are, and fails at the first step on a key only this run's
+    optimizer has (KeyError: 'momentum'): refused now, naming both. Only keys this run's optimizer reads count,
+    so a checkpoint of transformers (which does not record the optimizer) with a compatible optimizer resumes."""
+    group_keys, state_keys = needed
+    loaded_groups, loaded_state = _optimizer_structure(optimizer)
+    missing = sorted({k for need, got in zip(group_keys, loaded_groups) for k in need - got}
+                     | {k for i, need in state_keys.items() for k in need - loaded_state.get(i, set())})
+    if not missing:
+        return
+    saved_args = None
+    try:
+        saved_args = load_training_args(folder)
+    except Exception:  # noqa: BLE001 - only for the message: the optimizer's keys name it as well
+        pass
+    saved_optim = (saved_args or {}).get("optim")
+    theirs = sorted(set().union(*loaded_groups) - set().union(*group_keys)) if loaded_groups else []
+    written = f"optim={saved_optim!r}" if saved_optim else "an optimizer this run does not know (its optim is not recorded)"
+    ours = type(optimizer).__name__ + (f" (optim={run_optim!r})" if run_optim else "")
+    raise ValueError(
+        f"checkpoint {folder} holds the state of another optimizer: it was written with {written}, whose param "
+        f"groups have {theirs}, and this run's optimizer is {ours}, which needs {missing}: the first resumed step "
+        f"would fail. Resume with the checkpoint's optimizer{f' (optim={saved_optim!r})' if saved_optim else ''}, "
+        "or start a new run from its weights (model.from_pretrained(checkpoint), without resume_from_checkpoint)"
+    )
 
 
 def restore_callback_states(handler: Any, control: Any, states: dict) -> tuple[Any, list[str]]:

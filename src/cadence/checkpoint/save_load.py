@@ -207,8 +207,9 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     """
     folder = Path(folder)
     saved_args = load_training_args(folder) or {}
+    optim = getattr(args, "optim", None)
     load_optimizer_and_scheduler(folder, objects["optimizer"], objects["scheduler"], functools.partial(
-        backend.load_optimizer_state, objects["model"], objects["optimizer"]))
+        backend.load_optimizer_state, objects["model"], objects["optimizer"]), getattr(optim, "value", optim))
     if (folder / SCALER_NAME).exists():
         scaler_state = safe_load(folder / SCALER_NAME)
         if objects.get("scaler") is not None:  # a resumed fp16 run continues with the same loss scale
