@@ -6,7 +6,6 @@ refused naming the file and the global, and never runs. The GPU run through the 
 
 import collections
 import json
-import os
 import shutil
 import types
 from pathlib import Path
