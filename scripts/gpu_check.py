@@ -23,7 +23,9 @@ Checks:
 7. DeepSpeed ZeRO-2 and ZeRO-3 (issue 13; skipped, saying so, without the deepspeed package): 20 steps
    with GA 2 and clipping track the plain float32 run (rel 1e-3); checkpoint-10 holds DeepSpeed's
    global_step* folder, ZeRO-3 also a consolidated model.safetensors
-   (stage3_gather_16bit_weights_on_model_save); a run resumed from it ends at the same loss (rel 1e-3).
+   (stage3_gather_16bit_weights_on_model_save); a run resumed from it ends at the same loss (rel 1e-3), its
+   DeepSpeed .pt files passing cadence's weights_only check (issue 28); a payload planted in a copy's optimizer
+   file is refused, naming the file, and never runs.
 8. host syncs (issue 31): 50 bf16 steps under ``torch.cuda.set_sync_debug_mode("warn")``, logging every 10,
    evaluating and saving every 25 (and 20 steps of gradient accumulation 2, logging every 10): every
    "synchronizing CUDA operation" warning counted per step (from one ``on_step_begin`` to the next, so a step's
@@ -374,12 +376,53 @@ def check_deepspeed(fp32, stage):
     has_ds = any(f.startswith("global_step") for f in files)
     has_weights = "model.safetensors" in files
     rel = max_rel(got, fp32)
+    # issue 28 (17): the resume below goes through cadence's check of DeepSpeed's own .pt files (weights_only with
+    # DeepSpeed's classes): the genuine files pass it, and a payload planted in a copy is refused and never runs
+    import shutil
+
+    from cadence.checkpoint.deepspeed_files import check_deepspeed_folder
+    from pathlib import Path
+
+    from cadence.checkpoint.formats import UnsafeCheckpointError
+    from cadence.checkpoint.manifest import write_manifest
+
+    checked = [os.path.relpath(p, ckpt) for p in check_deepspeed_folder(ckpt)]
     resumed = Trainer(TinyLM(), args(f"zero{stage}", **kw), train_dataset=Tokens(), data_collator=collate)
     resumed.train(resume_from_checkpoint=ckpt)
     rel_resume = max_rel(losses(resumed)[-1:], got[-1:])
-    ok = rel < 1e-3 and has_ds and (has_weights or stage != 3) and rel_resume < 1e-3
+    planted_copy = os.path.join(OUT, f"zero{stage}_planted", "checkpoint-10")
+    shutil.copytree(ckpt, planted_copy)
+    target = os.path.join(planted_copy, next(f for f in checked if f.endswith("_optim_states.pt")))
+    marker = os.path.join(OUT, f"zero{stage}_payload_ran")
+    state = torch.load(target, map_location="cpu", weights_only=False)  # our own file, just written
+    state["payload"] = _Payload(marker)
+    torch.save(state, target)
+    write_manifest(Path(planted_copy))  # as a crafted checkpoint would: its checksums match, the payload must be caught
+    try:
+        Trainer(TinyLM(), args(f"zero{stage}_planted", **kw), train_dataset=Tokens(),
+                data_collator=collate).train(resume_from_checkpoint=planted_copy)
+        refused = "not refused"
+    except UnsafeCheckpointError as error:
+        refused = "refused" if os.path.basename(target) in str(error) and "builtins.exec" in str(error) else str(error)
+    except Exception as error:  # noqa: BLE001 - another error is a FAIL with its words in the report
+        refused = f"{type(error).__name__}: {error}"
+    ran = os.path.exists(marker)
+    ok = (rel < 1e-3 and has_ds and (has_weights or stage != 3) and rel_resume < 1e-3 and len(checked) >= 2
+          and refused == "refused" and not ran)
     report(f"deepspeed ZeRO-{stage}", ok, f"loss rel {rel:.1e} vs plain, files {sorted(files)}, resumed last loss rel "
-           f"{rel_resume:.1e}", {"loss_rel": rel, "resume_rel": rel_resume, "files": sorted(files)})
+           f"{rel_resume:.1e} through the check of {checked}; planted payload: {refused[:200]}, ran: {ran}",
+           {"loss_rel": rel, "resume_rel": rel_resume, "files": sorted(files), "checked": checked,
+            "planted": refused[:200], "payload_ran": ran})
+
+
+class _Payload:
+    """Unpickled by plain pickle it writes ``marker``: a crafted DeepSpeed file (issue 28, 17)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
 
 
 SYNC_WARNING = "synchronizing CUDA operation"  # the text of torch.cuda.set_sync_debug_mode("warn")'s warnings

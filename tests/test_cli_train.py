@@ -181,6 +181,34 @@ def test_train_errors_name_the_file_and_column_before_any_model_load(tmp_path, c
         run_train(argv[1:])
 
 
+@pytest.mark.parametrize("model, tokenizer, message", [
+    ("no-such-org/no-such-model", None, ["--model='no-such-org/no-such-model'", "not a local folder",
+                                         "HF_HUB_OFFLINE=1", "pass a model folder"]),
+    ("{tmp}/no-model", None, ["--model='{tmp}/no-model'", "not a local folder", "pass a model folder"]),
+    ("{tmp}/empty", None, ["--model='{tmp}/empty'", "is a folder without config.json"]),
+    ("{folder}", "no-such-org/no-tokenizer", ["--tokenizer='no-such-org/no-tokenizer'", "HF_HUB_OFFLINE=1"]),
+])
+def test_train_model_or_tokenizer_that_cannot_be_loaded_is_a_one_line_error(tmp_path, model_folder, text_files, capsys,
+                                                                           monkeypatch, model, tokenizer, message):
+    """Offline, a name the Hub cache does not have (or a folder that is not there) is exit 2 with a message naming
+    the flag and the value, as argparse reports a bad flag: no OSError traceback from transformers."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read when huggingface_hub was imported
+    (tmp_path / "empty").mkdir()
+    fill = lambda s: s.format(tmp=tmp_path, folder=model_folder)  # noqa: E731
+    argv = ["train", "--model", fill(model), "--train_file", text_files[0], "--output_dir", str(tmp_path / "o")]
+    argv += ["--tokenizer", tokenizer] if tokenizer else []
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # also holds datasets' progress bars
+    errors = [line for line in err.splitlines() if line.startswith("cadence train: error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    for piece in message:
+        assert fill(piece) in errors[0], errors[0]
+    assert not (tmp_path / "o").exists()
+
+
 def test_train_flags_reach_training_arguments(tmp_path):
     script, args = parse(["--model", "m", "--train_file", "t.txt", "--output_dir", str(tmp_path), "--num_train_epochs", "2",
                           "--eval_strategy", "steps", "--eval_steps", "5"])

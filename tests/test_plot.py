@@ -122,3 +122,28 @@ def test_plot_of_a_damaged_trainer_state_names_the_file(tmp_path, capsys, text, 
     assert main(["plot", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and str(tmp_path / "trainer_state.json") in err and "Traceback" not in err
+
+
+def test_plot_of_a_log_with_bytes_that_are_not_utf8_names_the_file(tmp_path, capsys, caplog):
+    """cadence's jsonl is ASCII (json.dumps escapes the rest): a line of other bytes is damage. It is skipped like a
+    line that is not JSON, with a warning naming the file and line; a file with no readable row at all is an
+    error naming the file, never a bare UnicodeDecodeError."""
+    run = tmp_path / "run"
+    run.mkdir()
+    log = run / "log_history.jsonl"
+    log.write_bytes(b'{"loss": 1.0, "step": 1}\n{"loss": 0.\xff9, "step": 2}\n{"loss": 0.5, "step": 3}\n')
+    history, _ = load_history(run)
+    assert history == [{"loss": 1.0, "step": 1}, {"loss": 0.5, "step": 3}]
+    assert f"{log} line 2 is not UTF-8 text" in caplog.text
+    assert main(["plot", str(run)]) == 0
+    assert decoded_size(run / "training_curves.png") == figure_size(1)
+
+    log.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe compressed, not text")  # e.g. a gzipped log
+    assert main(["plot", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert str(log) in err and "nothing to plot" in err and "Traceback" not in err, err
+
+    log.unlink()  # a trainer_state.json of such bytes: its error names it too
+    (run / "trainer_state.json").write_bytes(b'{"log_history": [{"loss": 1.0, "step": 1}], "x": "\xff"}')
+    assert main(["plot", str(run)]) == 2
+    assert str(run / "trainer_state.json") in (err := capsys.readouterr().err) and "UnicodeDecodeError" in err, err

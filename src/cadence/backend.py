@@ -50,6 +50,7 @@ from typing import Any, Callable
 import torch
 
 from .checkpoint import formats
+from .checkpoint.deepspeed_files import check_deepspeed_folder
 from .checkpoint.sharded import load_dcp
 
 logger = logging.getLogger(__name__)
@@ -509,6 +510,7 @@ class Backend:
     def load_model_weights(self, model: torch.nn.Module, folder: str | os.PathLike) -> None:
         """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded)."""
         if self.engine is not None and (Path(folder) / "latest").exists():
+            check_deepspeed_folder(folder)  # DeepSpeed unpickles its files with weights_only=False: checked first
             self.engine.load_checkpoint(str(folder), load_module_only=True)
         elif self.sharding is None:
             formats.load_model_weights(self.unwrap(model), folder)
@@ -518,6 +520,7 @@ class Backend:
     def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
         """Restore the optimizer saved in ``folder`` (every process; full ``optimizer.pt`` or shards)."""
         if self.engine is not None:
+            check_deepspeed_folder(folder)  # as in load_model_weights: no file of it may run code
             self.engine.load_checkpoint(str(folder))  # weights and partitioned optimizer state, DeepSpeed's format
         elif self.sharding is None:
             optimizer.load_state_dict(formats.safe_load(Path(folder) / formats.OPTIMIZER_NAME))

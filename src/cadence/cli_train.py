@@ -215,6 +215,11 @@ def load_model(script: TrainArguments, labels: list | None):
     folder = Path(script.model)
     tokenizer_source = script.tokenizer or script.model
     if folder.is_dir():
+        if not (folder / "config.json").is_file():  # transformers would say "Unrecognized model", naming no flag
+            raise ValueError(
+                f"--model={script.model!r} is a folder without config.json: pass the folder a model was saved to "
+                "(save_pretrained writes config.json), or a model type such as 'gpt2' with --tokenizer FOLDER"
+            )
         config = AutoConfig.from_pretrained(folder)
         pretrained = any((folder / name).is_file() for name in WEIGHT_FILES)
     elif script.model in CONFIG_MAPPING:
@@ -222,8 +227,10 @@ def load_model(script: TrainArguments, labels: list | None):
             raise ValueError(f"--model={script.model!r} is a model type (a new model): pass --tokenizer FOLDER as well")
         config, pretrained = AutoConfig.for_model(script.model), False
     else:  # a Hub id
-        config, pretrained = AutoConfig.from_pretrained(script.model), True
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+        config = _from_hub("--model", script.model, lambda: AutoConfig.from_pretrained(script.model))
+        pretrained = True
+    tokenizer_flag = "--tokenizer" if script.tokenizer else "--model"
+    tokenizer = _from_hub(tokenizer_flag, tokenizer_source, lambda: AutoTokenizer.from_pretrained(tokenizer_source))
     if tokenizer.pad_token is None and script.task == "sequence-classification":  # batches of texts need padding
         if tokenizer.eos_token is None:
             raise ValueError(f"the tokenizer of {tokenizer_source!r} has no pad and no eos token: add a pad token to it")
@@ -241,7 +248,8 @@ def load_model(script: TrainArguments, labels: list | None):
         config.label2id = {str(v): i for i, v in enumerate(labels)}
         config.pad_token_id = tokenizer.pad_token_id
     if pretrained:
-        model = auto.from_pretrained(script.model, config=config, ignore_mismatched_sizes=labels is not None)
+        model = _from_hub("--model", script.model, lambda: auto.from_pretrained(
+            script.model, config=config, ignore_mismatched_sizes=labels is not None))
     else:
         by_type = not folder.is_dir()  # a model type's default vocabulary belongs to another tokenizer
         overridden = "vocab_size=" in (script.config_overrides or "")
@@ -249,6 +257,31 @@ def load_model(script: TrainArguments, labels: list | None):
             config.vocab_size = len(tokenizer)  # every token id has an embedding
         model = auto.from_config(config)
     return model, tokenizer, "fine-tuned" if pretrained else "from scratch"
+
+
+_FIXES = {
+    "--model": "pass a model folder (with config.json), a model type such as 'gpt2' with --tokenizer FOLDER, or a Hub "
+               "id that exists (downloaded once while online, it is read from the cache offline)",
+    "--tokenizer": "pass a folder holding a saved tokenizer, or a Hub id that exists (downloaded once while online, "
+                   "it is read from the cache offline)",
+}
+
+
+def _from_hub(flag: str, name: str, load):
+    """``load()``; transformers' OSError for a name that is neither a folder nor a Hub id it can fetch becomes a
+    one-line ValueError naming the flag and the value (``cadence train: error: ...``, exit 2), not a traceback."""
+    try:
+        return load()
+    except OSError as error:
+        from .hub import offline_mode
+
+        text = str(error).strip()
+        why = f"{type(error).__name__}: {text.splitlines()[0].rstrip('.') if text else 'no message'}"
+        where = "" if Path(name).is_dir() else "it is not a local folder, and as a Hub id "
+        offline = "(HF_HUB_OFFLINE=1: only the local cache is read) " if offline_mode() else ""
+        raise ValueError(
+            f"{flag}={name!r} could not be loaded: {where}{offline}it gave {why[:300]}; {_FIXES[flag]}"
+        ) from None
 
 
 def _positions(config) -> tuple[str, int] | None:

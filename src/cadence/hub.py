@@ -53,6 +53,15 @@ def _import_hub():
     return huggingface_hub
 
 
+def offline_mode() -> bool:
+    """Whether downloads from the Hub are switched off (``HF_HUB_OFFLINE=1``); False without huggingface_hub."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def _is_unreachable(error: BaseException) -> bool:
     """Offline mode, a refused or timed-out connection, an unknown host (httpx's and the stdlib's errors)."""
     names = {"OfflineModeIsEnabled", "TransportError", "TimeoutException"}

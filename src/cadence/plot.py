@@ -182,4 +182,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         base = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
         out = base / "training_curves.png"
     logger.info("plotting %d log rows from %s", len(history), source)
+    if not panels(history):  # plot_history's own error cannot say which file held nothing
+        raise ValueError(f"nothing to plot in {source}: it has no loss, learning rate, grad norm or eval metric "
+                         f"({len(history)} readable rows); pass a run's output_dir or its log_history.jsonl")
     return plot_history(history, out, title=str(source))

@@ -149,17 +149,22 @@ def read_log_history(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of a ``log_history.jsonl``, as one uninterrupted run would have logged them.
 
     A row whose step is below the previous row's starts a resumed run: the earlier rows from that step
-    on are dropped. A last line cut short (a run writing right now) is skipped.
+    on are dropped. A last line cut short (a run writing right now) is skipped; so is, with a warning, a line
+    that is not JSON, not a log row, or not UTF-8 text.
 
     Example:
         >>> read_log_history("out/log_history.jsonl")[0]
         {'loss': 2.31, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.1, 'step': 10}
     """
     rows: list[dict[str, Any]] = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    lines = Path(path).read_bytes().splitlines()  # decoded line by line: one damaged line costs that line only
     for number, line in enumerate(lines, 1):
         try:
-            row = json.loads(line)
+            row = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as error:  # the writer's json.dumps writes ASCII: other bytes are damage
+            logger.warning("%s line %d is not UTF-8 text (byte 0x%02x at column %d): skipped", path, number,
+                           line[error.start], error.start + 1)
+            continue
         except json.JSONDecodeError:
             if number < len(lines):
                 logger.warning("%s line %d is not JSON: skipped", path, number)
