@@ -65,7 +65,7 @@ def sentence(i: int, n: int = 5) -> str:
 
 
 def rows(case: str, n: int = 16) -> list[dict]:
-    if case in ("sft_text", "sft_packing"):
+    if case in ("sft_text", "sft_packing", "sft_lora"):
         return [{"text": sentence(i, 4 + i % 5)} for i in range(n)]
     if case == "sft_chat":
         return [{"messages": [{"role": "user", "content": sentence(i, 3)},
@@ -102,15 +102,26 @@ def build(case: str, out_dir: str, max_steps: int, save_steps: int | None, batch
 
     tok = tokenizer()
     common = dict(COMMON, output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=batch)
+    dtype = None
     if case.endswith("_fp32"):  # TRL's configs default to bf16 where the device has it (CPUs do)
         case, common["bf16"] = case[: -len("_fp32")], False
+    if case.endswith("_fp64"):  # float64: layouts compared to 1e-6 without float32's reduction-order noise
+        import torch
+
+        case, common["bf16"], dtype = case[: -len("_fp64")], False, torch.float64
     if save_steps:
         common.update(save_strategy="steps", save_steps=save_steps)
     data = Dataset.from_list(rows(case))
     if case.startswith("sft"):
         extra = {"packing": True, "max_length": 32} if case == "sft_packing" else {"max_length": 64}
         args = trl.SFTConfig(**common, **extra)
-        return trl.SFTTrainer(model=model(tok), args=args, train_dataset=data, processing_class=tok)
+        policy = model(tok) if dtype is None else model(tok).to(dtype)
+        if case == "sft_lora":  # a PEFT LoRA adapter: TRL wraps the model, checkpoints hold the adapter
+            from peft import LoraConfig
+
+            lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+            return trl.SFTTrainer(model=policy, args=args, train_dataset=data, processing_class=tok, peft_config=lora)
+        return trl.SFTTrainer(model=policy, args=args, train_dataset=data, processing_class=tok)
     if case.startswith("dpo"):
         args = trl.DPOConfig(**common, max_length=64, beta=0.1)
         if case == "dpo_ref":
