@@ -1045,9 +1045,10 @@ class Trainer:
         else:
             loss = self._loss_from_outputs(outputs, inputs)
         normalised = self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
-        if num_items_in_batch is not None and normalised and self.backend.data_parallel_size > 1:
-            # transformers' contract, which subclasses (TRL's) follow in their own compute_loss: a loss divided by
-            # every process's items comes back times the data-parallel size, as the ranks' gradients are averaged
+        if num_items_in_batch is not None and normalised and model.training and self.backend.data_parallel_size > 1:
+            # transformers' contract, which subclasses (TRL's) follow in their own compute_loss: in training, a loss
+            # divided by every process's items comes back times the data-parallel size, as the ranks' gradients are
+            # averaged (evaluation passes a batch's own items: nothing to average)
             loss = loss * self.backend.data_parallel_size
         return (loss, outputs) if return_outputs else loss
 
@@ -1274,8 +1275,11 @@ class Trainer:
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad(), self.compute_loss_context_manager():
             if has_labels:
-                items = data.batch_items(inputs, self._shifts_labels)  # as in training (a compute_loss_func divides by it)
-                count = {"num_items_in_batch": items} if self._compute_loss_takes_items else {}
+                # the batch's items, as in training (a compute_loss_func divides by it); a subclass's own compute_loss
+                # gets none, as in transformers (TRL's scale a loss given items by the number of processes)
+                items = data.batch_items(inputs, self._shifts_labels)
+                own = type(self).compute_loss is Trainer.compute_loss
+                count = {"num_items_in_batch": items} if self._compute_loss_takes_items and own else {}
                 loss, outputs = self.compute_loss(model, inputs, return_outputs=True, **count)
                 loss = loss.detach().mean()
                 skip = {"loss", *ignore_keys}
