@@ -2,14 +2,19 @@
 PY      := .venv/bin/python
 # torch==2.13.0 is the CPU build that lies on these machines' disk; set TORCH= to choose another.
 TORCH   ?= torch==2.13.0
+# the newest releases of every dependency (but torch), for `make test-latest`
+LATEST  := .venv-latest
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-latest constraints bench clean
 
-.venv/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv .venv
+# The tested set: every dependency at the version constraints.txt pins; a change of either file rebuilds the venv,
+# so a release of a dependency never changes what `make test` runs.
+.venv/.installed: pyproject.toml constraints.txt
+	rm -rf .venv
+	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	touch $@
 
 demo: .venv/.installed
@@ -18,8 +23,24 @@ demo: .venv/.installed
 test: .venv/.installed
 	$(PY) -m pytest -q
 
+# The suite on the newest release of everything: drift is seen here before it reaches the pinned set.
+test-latest:
+	test -x $(LATEST)/bin/python || python3 -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+	$(LATEST)/bin/python -m pip install -q "$(TORCH)"
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]"
+	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|accelerate|trl|sentence-transformers|datasets|peft) "
+	$(LATEST)/bin/python -m pytest -q
+
+# After `make test-latest` passes: its versions become the tested set.
+constraints:
+	test -x $(LATEST)/bin/python || { echo "run make test-latest first"; exit 2; }
+	head -3 constraints.txt > constraints.new
+	$(LATEST)/bin/python -m pip freeze 2>/dev/null | grep -viE "^(-e|cadence|torch==)" >> constraints.new
+	mv constraints.new constraints.txt
+
 bench: .venv/.installed
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf .venv cadence_output
+	rm -rf .venv $(LATEST) cadence_output

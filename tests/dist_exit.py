@@ -8,17 +8,26 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import torch
 
 faulthandler.enable()  # a worker that aborts (SIGABRT) prints every thread's Python stack: where it was
 
 
+SAID = "CADENCE_TEST_SAID"  # a folder where each process also writes what it says, one file a rank
+
+
 def say(line: str) -> None:
-    """Print a line in one write: workers share the launcher's stdout, unbuffered (torchrun runs ``python -u``),
-    and print()'s separate write of the newline lets two workers' lines run together."""
+    """Print a line, and write it to this rank's own file when :func:`launch` started the process. Tests read
+    the files (``proc.said``), never the merged stdout: under load, two processes writing into torchrun's one pipe
+    have lost or merged lines (another process's unterminated text before a line)."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+    folder = os.environ.get(SAID)
+    if folder:
+        with open(os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.txt"), "a") as f:
+            f.write(line + "\n")
 
 
 def finish() -> None:
@@ -49,7 +58,8 @@ def assert_finished(proc, nproc):
     """Every worker ended its process group and got to its last line, and the launcher exited 0 (a worker
     aborting in its teardown after writing its results is a failure too, not a pass on the results alone)."""
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert sorted(re.findall(r"FINISHED rank \d+", proc.stdout)) == [f"FINISHED rank {r}" for r in range(nproc)], (
+    text = "\n".join(proc.said) if hasattr(proc, "said") else proc.stdout  # each rank's own file where there is one
+    assert sorted(re.findall(r"FINISHED rank \d+", text)) == [f"FINISHED rank {r}" for r in range(nproc)], (
         proc.stdout[-3000:])
     assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
 
@@ -67,8 +77,18 @@ def worker_env(env=None):
 def launch(script, *args, nproc=2, env=None, torchrun=(), timeout=300, **run_kwargs):
     """Run tests/``script`` with ``args`` on ``nproc`` processes: ``torchrun --standalone`` with the extra flags
     ``torchrun``, or plain python for one (and no flags); waits, capturing its text output; returns the CompletedProcess
-    (``run_kwargs``, e.g. ``cwd``, go to subprocess.run)."""
+    with ``said``: the lines the processes said (``run_kwargs``, e.g. ``cwd``, go to subprocess.run)."""
     cmd = [sys.executable, os.path.join(HERE, script), *map(str, args)]
     if nproc > 1 or torchrun:
         cmd[1:1] = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *torchrun]
-    return subprocess.run(cmd, env=worker_env(env), capture_output=True, text=True, timeout=timeout, **run_kwargs)
+    with tempfile.TemporaryDirectory(prefix="said-") as said:
+        proc = subprocess.run(cmd, env=worker_env({SAID: said, **(env or {})}), capture_output=True, text=True,
+                              timeout=timeout, **run_kwargs)
+        proc.said = said_lines(said)
+    return proc
+
+
+def said_lines(folder) -> list[str]:
+    """The lines every rank said (:func:`say`), rank 0's first, each rank's in its order."""
+    names = sorted(os.listdir(folder), key=lambda n: int(n[4:-4]))
+    return [line for n in names for line in open(os.path.join(folder, n)).read().splitlines()]

@@ -13,6 +13,7 @@ import threading
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+from dist_exit import say  # noqa: E402
 from tiny import LMDataset, lm_collate, stop_at, tiny_gpt2  # noqa: E402
 
 from cadence import EarlyStoppingCallback, Trainer, TrainingArguments  # noqa: E402
@@ -101,8 +102,7 @@ def main() -> None:
     if opts.early_stop:
         trainer.add_callback(EarlyStoppingCallback(early_stopping_patience=1))
     trainer.train(resume_from_checkpoint=opts.resume)
-    sys.stdout.write(f"STOPPED {args.process_index} {trainer.state.global_step}" + "\n")  # one write per line: two workers' lines never run together
-    sys.stdout.flush()
+    say(f"STOPPED {args.process_index} {trainer.state.global_step}")  # the test reads each rank's own file
     trainer.save_model(os.path.join(opts.out, "final"))
     if threads is not None:
         with open(os.path.join(opts.out, f"dcp_threads_{args.process_index}.json"), "w") as f:

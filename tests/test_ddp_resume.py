@@ -23,7 +23,7 @@ def launch(nproc, out, *extra, timeout=240, torchrun=()):
 def ok(proc):
     """Exit 0 and both workers ended cleanly (dist_exit.assert_finished); returns the step both stopped at."""
     assert_finished(proc, 2)
-    stops = re.findall(r"STOPPED (\d+)", proc.stdout)
+    stops = re.findall(r"STOPPED (\d+)", "\n".join(proc.said))
     assert len(stops) == 2 and stops[0] == stops[1], proc.stdout[-3000:]
     return int(stops[0])
 
@@ -69,7 +69,7 @@ def test_a_job_torchrun_restarts_resumes_its_own_checkpoint_by_itself(tmp_path):
     proc = launch(2, out, "--save-steps", "4", "--kill-rank1", "5", timeout=400,
                   torchrun=["--max-restarts", "3", "--monitor-interval", "0.2"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    starts = re.findall(r"ATTEMPT restart (\d+) rank (\d) starts at step (\d+)", proc.stdout)
+    starts = re.findall(r"ATTEMPT restart (\d+) rank (\d) starts at step (\d+)", "\n".join(proc.said))
     assert ("0", "0", "0") in starts and ("0", "1", "0") in starts, proc.stdout[-3000:]  # a new run: the other job's
     restarted = [(r, rank, step) for r, rank, step in starts if r != "0"]  # checkpoint-6 was only warned about
     assert restarted and all(step == "4" for _, _, step in restarted), starts
@@ -90,7 +90,8 @@ def test_a_restarted_attempt_connects_when_one_process_starts_late(tmp_path):
     proc = dist_exit.launch("restart_connect_worker.py", tmp_path, "8", timeout=240,
                             torchrun=["--max-restarts", "1", "--monitor-interval", "0.2"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    restarted = sorted(re.findall(r"ATTEMPT restart 1 rank (\d) sum (\S+) earlier keys (\d+) untouched (\w+)", proc.stdout))
+    restarted = sorted(re.findall(r"ATTEMPT restart 1 rank (\d) sum (\S+) earlier keys (\d+) untouched (\w+)",
+                                  "\n".join(proc.said)))
     assert [(rank, total) for rank, total, _, _ in restarted] == [("0", "3"), ("1", "3")], proc.stdout[-3000:]
     # the killed attempt's keys were there (torchrun's one store), and the restarted group left them alone
     assert all(int(n) > 0 and untouched == "True" for _, _, n, untouched in restarted), restarted

@@ -226,7 +226,7 @@ def test_fsdp_early_stopping_stops_every_process_at_the_same_step(tmp_path):
     """Evaluation at step 4 is no better than at step 2: every process decides to stop at step 4 from the same
     (reduced) metric, so none is left waiting in a collective."""
     proc = run(2, tmp_path, "--batch", "4", "--fsdp", FSDP, "--best", "--early-stop", "--save-steps", "2")
-    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("STOPPED")) == ["STOPPED 0 4", "STOPPED 1 4"]
+    assert sorted(line for line in proc.said if line.startswith("STOPPED")) == ["STOPPED 0 4", "STOPPED 1 4"]
     assert result(tmp_path)[1]["best"].endswith("checkpoint-2")
 
 

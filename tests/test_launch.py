@@ -69,7 +69,7 @@ def test_ddp_options_reach_ddp_and_the_process_group(tmp_path):
                "ddp_backend": "gloo", "ddp_timeout": 77}
     proc = launch("ddp_options_worker.py", tmp_path, json.dumps(options), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("SEEN ")]
+    seen = [json.loads(line[5:]) for line in proc.said if line.startswith("SEEN ")]
     assert sorted(s["rank"] for s in seen) == [0, 1]
     for s in seen:
         assert s["wrapper"] == "DistributedDataParallel" and s["backend"] == "gloo" and s["step"] == 2

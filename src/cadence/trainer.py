@@ -417,6 +417,32 @@ class Trainer:
         return self._get_dataloader(self.train_dataset, "training", self.args.train_batch_size,
                                     sampler_fn=self._get_train_sampler, is_training=True)
 
+    def get_resumed_dataloader(self, dataloader: DataLoader, num_batches: int) -> DataLoader:
+        """A dataloader that leaves out the first ``num_batches`` batches (transformers 5.25's method).
+
+        cadence's own loop never calls this default: it resumes inside an epoch by starting its sampler past
+        the trained batches (nothing is loaded to be thrown away), or from a stream's saved state. Override it
+        for a dataloader that must skip its own way (a stateful or streaming one): a resume inside an epoch
+        then calls the override with the epoch's un-skipped dataloader and the batches this process already
+        trained in it, and iterates what it returns; cadence skips nothing itself.
+
+        Args:
+            dataloader: the training dataloader, set to the resumed epoch, nothing skipped.
+            num_batches: batches (micro-batches) of this process to leave out.
+
+        Returns:
+            The dataloader to iterate; this default is accelerate's ``skip_first_batches``, as in transformers.
+
+        Example:
+            >>> class MyTrainer(Trainer):
+            ...     def get_resumed_dataloader(self, dataloader, num_batches):
+            ...         dataloader.dataset.seek(num_batches * self.args.train_batch_size)
+            ...         return dataloader
+        """
+        from accelerate import skip_first_batches  # on use: accelerate's data module is not needed otherwise
+
+        return skip_first_batches(dataloader, num_batches)
+
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         """The evaluation dataloader (in dataset order over processes). With ``dataloader_persistent_workers``
         it is built once per dataset and batch size and reused, so its workers live on between evaluations
@@ -770,7 +796,11 @@ class Trainer:
         """Order the epoch's data (after a resume: without the batches already trained), fire
         ``on_epoch_begin`` and return the batch iterator; ``loop``'s position is set to the epoch's start."""
         skip = resume.skip_batches if resume is not None else 0  # trained batches: never loaded again
-        loop.epoch, loop.batches_in_epoch = epoch, skip
+        # a subclass's get_resumed_dataloader (transformers 5.25) alone skips the trained batches, from the whole epoch
+        own_skip = None
+        if resume is not None and type(self).get_resumed_dataloader is not Trainer.get_resumed_dataloader:
+            own_skip, skip = self.get_resumed_dataloader, 0
+        loop.epoch, loop.batches_in_epoch = epoch, skip if own_skip is None else resume.trained_batches
         stream = not has_length(train_dataloader)
         data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size, skip_batches=skip)
 
@@ -778,7 +808,7 @@ class Trainer:
             self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)
 
         if resume is not None:  # the RNGs, and a stream's state, restored where the saving run was
-            return resume.start_epoch(train_dataloader, begin_epoch)
+            return resume.start_epoch(train_dataloader, begin_epoch, own_skip)
         begin_epoch()
         return iter(train_dataloader)
 

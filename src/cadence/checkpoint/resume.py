@@ -116,6 +116,8 @@ class ResumePoint:
             checkpoints written by transformers.
         stream_state: an iterable dataset's saved ``state_dict()``; when set, the stream continues
             from it and ``skip_batches`` is 0.
+        trained_batches: batches of the epoch already trained, whatever skips them (``skip_batches``
+            but for a stream restored from its state): what a subclass's ``get_resumed_dataloader`` is told.
     """
 
     folder: Path
@@ -124,16 +126,26 @@ class ResumePoint:
     rng: dict | None
     loop: dict | None
     stream_state: dict | None = None
+    trained_batches: int = 0
 
-    def start_epoch(self, dataloader: Any, begin_epoch: Callable[[], None]) -> Iterator:
+    def start_epoch(self, dataloader: Any, begin_epoch: Callable[[], None],
+                    resumed_dataloader: Callable[[Any, int], Any] | None = None) -> Iterator:
         """The resumed epoch's batch iterator (its sampler already set past the trained batches), with
         ``begin_epoch()`` (the epoch's events) called in between, and the RNGs set where the saving run was.
 
         A save between epochs had not yet fired the epoch's events nor drawn its iterator's seeds: the RNGs
         are restored before both. A save inside the epoch came after them: restored once the iterator exists.
         A stream continues from its saved state, or, without ``state_dict()``, reads its trained batches again;
-        so does a sampler that cannot skip (not cadence's).
+        so does a sampler that cannot skip (not cadence's). ``resumed_dataloader`` (a subclass's
+        ``get_resumed_dataloader``) gets the un-skipped dataloader and ``trained_batches`` and alone decides
+        what is skipped: no stream state is loaded and nothing is read again.
         """
+        if resumed_dataloader is not None and self.trained_batches:
+            dataloader = resumed_dataloader(dataloader, self.trained_batches)
+            begin_epoch()
+            batches = iter(dataloader)
+            restore_rng_state(self.rng)  # after the iterator, as for any resume inside an epoch
+            return batches
         if self.stream_state is not None:
             data.stateful_stream(dataloader).load_state_dict(self.stream_state)
         if not self.skip_batches:
@@ -231,7 +243,7 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * saved.gradient_accumulation_steps
     if saved != layout:
         skip = _rescale_position(folder, skip, saved, layout, args, epoch, saved_epoch_batches, batches_per_epoch)
-    stream_state = None
+    stream_state, trained = None, skip
     if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
         stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
     rng_file = folder / rng_state_name(args.process_index, args.world_size)
@@ -242,7 +254,8 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
                        "(dropout) are not restored", folder, saved.world_size, world)
     elif rng is None:
         logger.warning("checkpoint %s has no %s: the RNGs are not restored, so the resumed run is not exact", folder, rng_file.name)
-    return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop, stream_state=stream_state)
+    return ResumePoint(folder=folder, epoch=epoch, skip_batches=skip, rng=rng, loop=loop, stream_state=stream_state,
+                       trained_batches=trained)
 
 
 def _rescale_position(folder: Path, skip: int, saved: BatchLayout, layout: BatchLayout, args: Any, epoch: int,
