@@ -8,17 +8,24 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .version import __version__
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="cadence", description="cadence: a PyTorch training loop with the Trainer API")
+    # allow_abbrev=False everywhere: a mistyped flag is an error, never taken for a longer one it starts
+    parser = argparse.ArgumentParser(prog="cadence", description="cadence: a PyTorch training loop with the Trainer API",
+                                     allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"cadence {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="train a small language model on text that ships with Python")
+    demo = commands.add_parser("demo", help="train a small language model on text that ships with Python",
+                               allow_abbrev=False)
     demo.add_argument("--output-dir", default="cadence_output", help="where logs, checkpoints and the model go")
     demo.add_argument("--max-steps", type=int, default=300, help="optimizer steps (default 300, under a minute on 2 idle CPU cores)")
     demo.add_argument("--seed", type=int, default=42)
     demo.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
     # train's flags are every TrainingArguments field: HfArgumentParser reads them (cadence train --help)
     commands.add_parser("train", add_help=False, help="train a transformers model on local text files (--help for the flags)")
-    plot = commands.add_parser("plot", help="draw a run's loss, learning rate, grad norm and eval metrics as one PNG")
+    plot = commands.add_parser("plot", help="draw a run's loss, learning rate, grad norm and eval metrics as one PNG",
+                               allow_abbrev=False)
     plot.add_argument("run_dir", help="a run's output_dir (cadence's or transformers'), even while it trains")
     plot.add_argument("--out", default=None, help="the PNG to write (default: RUN_DIR/training_curves.png)")
     # run's arguments are the script's: everything after `run` goes to it untouched
@@ -52,19 +59,69 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_RUN_USAGE = "usage: cadence run SCRIPT [ARGS...] | cadence run -m MODULE [ARGS...]"
+_RUN_USAGE = "usage: cadence run SCRIPT [ARGS...]\n       cadence run -m MODULE [ARGS...]"
+_RUN_HELP = f"""{_RUN_USAGE}
+
+Run a Python script or module as `python SCRIPT ARGS` / `python -m MODULE ARGS` would, with transformers'
+Trainer, TrainingArguments and callbacks pointed at cadence's first (cadence.patch_transformers()): libraries
+built on transformers' Trainer (TRL, sentence-transformers) and scripts written for it then train on cadence,
+unchanged. Everything after SCRIPT or MODULE goes to it untouched.
+
+examples:
+  cadence run train.py --output_dir out
+  cadence run -m trl.scripts.sft --model_name_or_path ./tiny --dataset_name ./data --output_dir sft
+  torchrun --nproc_per_node 2 -m cadence run train.py      # every process patched
+
+options:
+  -h, --help   show this help message and exit
+  -m MODULE    run a module (a dotted name), as python -m does
+"""
+
+
+def _run_error(message: str) -> int:
+    """argparse's shape for a usage error: the usage, then one line; exit status 2."""
+    print(f"{_RUN_USAGE}\ncadence run: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _missing_module(name: str) -> str | None:
+    """Why ``python -m name`` could not start, found without importing anything (a library imported before the patch
+    would keep transformers' classes); None when the module is there, or when the finders cannot tell without
+    running code (runpy then says)."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name is found without running it
+        for depth in range(1, len(parts)):
+            if spec is None or spec.submodule_search_locations is None:
+                break
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]),
+                                                            list(spec.submodule_search_locations))
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.name != name:
+        return f"no module named {name!r} (python -m {name} would fail the same way): check the name and that its " \
+               "package is installed in this Python"
+    if spec.submodule_search_locations is not None:  # a package runs its __main__, as python -m does
+        main = importlib.machinery.PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations))
+        if main is None:
+            return f"{name!r} is a package without a __main__ module, so it cannot be run; name one of its modules"
+    return None
 
 
 def run_patched(argv: list[str]) -> int:
     """Run a script or module as ``python SCRIPT ARGS`` / ``python -m MODULE ARGS`` would, after
     ``cadence.patch_transformers()``: a library that subclasses transformers' Trainer (TRL, sentence-transformers)
     then trains on cadence, unmodified. Under ``torchrun -m cadence run ...`` every process does the same.
+    The script or module is checked before the patch, so a wrong name is one line, not a traceback.
 
     Args:
         argv: ``[SCRIPT, *ARGS]`` or ``["-m", MODULE, *ARGS]``; the script sees ``sys.argv`` as plain python sets it.
 
     Returns:
-        0 when the script returns; its own ``SystemExit`` passes through.
+        0 when the script returns, 2 for a missing script or module; the script's own ``SystemExit`` passes through.
 
     Example:
         >>> run_patched(["-m", "trl.scripts.sft", "--model_name_or_path", "./tiny", "--output_dir", "out"])
@@ -72,21 +129,30 @@ def run_patched(argv: list[str]) -> int:
     import os
     import runpy
 
-    if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
-        print(_RUN_USAGE, file=sys.stderr if not argv or argv[0] == "-m" else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv[:1] in (["-h"], ["--help"]):
+        print(_RUN_HELP, end="")
+        return 0
+    if not argv:
+        return _run_error("name a script to run, or -m MODULE")
+    if argv[0] == "-m":
+        if len(argv) < 2 or argv[1].startswith("-"):
+            return _run_error("-m needs a module name, as in: cadence run -m trl.scripts.sft ...")
+        sys.path.insert(0, os.getcwd())  # python -m puts the working folder first (also for finding the module)
+        problem = _missing_module(argv[1])
+        if problem:
+            return _run_error(problem)
+    elif argv[0].startswith("-"):
+        return _run_error(f"unknown option {argv[0]!r}: options of the script go after its name (see cadence run --help)")
+    elif not os.path.exists(argv[0]):
+        return _run_error(f"{argv[0]!r} does not exist (no such file in {os.getcwd()})")
     from .patch import patch_transformers
 
     patch_transformers()
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # run_module(alter_sys=True) puts the module's file in argv[0], as -m does
-        sys.path.insert(0, os.getcwd())  # python -m puts the working folder first
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         script = argv[0]
-        if not os.path.exists(script):
-            print(f"cadence run: error: {script!r} does not exist. {_RUN_USAGE}", file=sys.stderr)
-            return 2
         sys.argv = list(argv)
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # python SCRIPT puts the script's folder first
         runpy.run_path(script, run_name="__main__")

@@ -11,6 +11,7 @@ tokenized (causal LM: concatenated and cut into ``block_size`` blocks; classific
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -21,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``--help``: the description's examples as written, each flag with its default (HfArgumentParser's own)."""
+
 
 TASKS = ("causal-lm", "sequence-classification")
 # file extension -> the datasets builder that reads it
@@ -72,12 +78,10 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
 
     ``report_to`` defaults to ``"jsonl"`` here, so every run leaves ``log_history.jsonl`` for ``cadence plot``.
     """
-    from transformers import HfArgumentParser
-
     from .training_args import TrainingArguments
 
-    parser = HfArgumentParser((TrainArguments, TrainingArguments), prog="cadence train",
-                              description="Train a transformers model on local text files.")
+    parser = _parser_class()((TrainArguments, TrainingArguments), prog="cadence train", usage=USAGE,
+                             description=DESCRIPTION, formatter_class=_HelpFormatter, allow_abbrev=False)
     if len(argv) == 1 and Path(argv[0]).suffix in (".json", ".yaml", ".yml"):
         config = _read_config(Path(argv[0]))
         config.setdefault("report_to", "jsonl")
@@ -90,7 +94,53 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
         except ValueError as error:  # the message names the key and the value; say which file held it
             raise ValueError(f"config file {argv[0]!r}: {error}") from None
     parser.set_defaults(report_to="jsonl")
+    _, unknown = parser.parse_known_args(argv)  # before any dataclass is built (and warns about its fields)
+    if unknown:  # transformers' ValueError would name no flag it meant
+        parser.error(_unrecognized(parser, unknown))
     return tuple(parser.parse_args_into_dataclasses(argv))
+
+
+USAGE = ("cadence train --model MODEL --train_file FILE [--validation_file FILE] [--task TASK] [FLAG VALUE ...]\n"
+         "       cadence train CONFIG.yaml|CONFIG.json\n"
+         "       (FLAG: any TrainingArguments field, such as --learning_rate; cadence train --help lists them)")
+DESCRIPTION = """examples:
+  cadence train --model ./my-gpt2 --train_file train.txt --validation_file valid.txt --output_dir out \\
+      --num_train_epochs 3 --learning_rate 3e-4
+  cadence train --model ./bert-small --task sequence-classification --train_file train.csv \\
+      --text_column sentence --label_column topic --output_dir classifier
+  cadence train run.yaml        # the same flags as the keys of one YAML or JSON file
+
+Train a transformers model on local text files (.txt, .csv, .json/.jsonl, .parquet): a causal language model, or a
+sequence classifier. The data files and columns are checked before the model is loaded; the model, tokenizer,
+all_results.json and trainer_state.json are saved to --output_dir, and report_to defaults to jsonl, so
+`cadence plot OUTPUT_DIR` draws the run. Flags are spelled out in full (no abbreviations)."""
+
+
+def _parser_class():
+    """HfArgumentParser whose usage errors print the short usage and the one line that matters (argparse's own
+    usage would list every TrainingArguments flag: over a hundred lines)."""
+    from transformers import HfArgumentParser
+
+    class TrainParser(HfArgumentParser):
+        def error(self, message: str):
+            self.print_usage(sys.stderr)
+            self.exit(2, f"{self.prog}: error: {message}\n")
+
+    return TrainParser
+
+
+def _unrecognized(parser, unknown: list[str]) -> str:
+    """``unrecognized arguments: --learning_rat 1e-3 (did you mean --learning_rate?)``."""
+    import difflib
+
+    flags = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    hints = []
+    for arg in unknown:
+        if arg.startswith("--"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1)
+            if close:
+                hints.append(f"{arg.split('=', 1)[0]}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _read_config(path: Path) -> dict[str, Any]:

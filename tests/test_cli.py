@@ -1,0 +1,118 @@
+"""The ``cadence`` command's habits, run as a user runs it (``python -m cadence`` and the installed ``cadence``
+script, in fresh processes): ``--version``; ``cadence run --help`` says what it does with examples; a missing
+script or module is one line (exit 2), found before transformers is patched or any package imported; flags are
+never abbreviated; a bad value prints the short usage and the one error; ``cadence train --help`` starts with
+examples."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cadence.version import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cadence(*args, cwd=None, script=False):
+    """``python -m cadence ARGS`` (or the console script next to this Python) on this checkout's ``src``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [str(Path(sys.executable).parent / "cadence")] if script else [sys.executable, "-m", "cadence"]
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def usage_error(proc, command):
+    """argparse's shape: the usage (a few lines), then ``cadence COMMAND: error: ...``; exit 2, no traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0].startswith("usage: cadence") and len(lines) <= 5, proc.stderr
+    assert lines[-1].startswith(f"cadence {command}: error: "), proc.stderr
+    return lines[-1]
+
+
+def test_version():
+    proc = cadence("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"cadence {__version__}"
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "cadence").exists(), reason="cadence is not installed here")
+def test_installed_console_script_version_and_run_help():
+    proc = cadence("--version", script=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"cadence {__version__}"
+    proc = cadence("run", "--help", script=True)
+    assert proc.returncode == 0 and "examples:" in proc.stdout
+
+
+def test_run_help_says_what_it_does_with_examples():
+    proc = cadence("run", "--help")
+    assert proc.returncode == 0 and proc.stderr == ""
+    text = proc.stdout
+    assert text.startswith("usage: cadence run SCRIPT [ARGS...]")
+    assert "patch_transformers()" in text and "TRL" in text
+    assert "cadence run -m trl.scripts.sft" in text and "torchrun --nproc_per_node 2 -m cadence run" in text
+
+
+def test_run_without_a_script_is_a_usage_error():
+    assert "name a script" in usage_error(cadence("run"), "run")
+    assert "-m needs a module name" in usage_error(cadence("run", "-m"), "run")
+
+
+def test_run_missing_module_is_one_line_before_anything_is_imported(tmp_path):
+    """A package on the path whose ``__init__`` leaves a mark: asking for a missing module inside it must not import
+    it (an import before the patch would keep transformers' classes in a library) and must name the module."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("open('imported', 'w').close()\n")
+    (package / "job.py").write_text("import sys\nopen('ran', 'w').write(' '.join(sys.argv[1:]))\n")
+    line = usage_error(cadence("run", "-m", "nosuch_module_h41"), "run")
+    assert "no module named 'nosuch_module_h41'" in line
+    line = usage_error(cadence("run", "-m", "pkg.nosuch", cwd=tmp_path), "run")
+    assert "no module named 'pkg.nosuch'" in line and not (tmp_path / "imported").exists()
+    assert "package without a __main__" in usage_error(cadence("run", "-m", "pkg", cwd=tmp_path), "run")
+    proc = cadence("run", "-m", "pkg.job", "--flag", "1", cwd=tmp_path)  # found: it runs, with its arguments
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "ran").read_text() == "--flag 1" and (tmp_path / "imported").exists()
+
+
+def test_run_missing_script_is_one_line_without_third_party_warnings(tmp_path):
+    proc = cadence("run", "nosuch.py", "--flag", cwd=tmp_path)
+    line = usage_error(proc, "run")
+    assert "'nosuch.py' does not exist" in line
+    assert len(proc.stderr.strip().splitlines()) == 3  # the usage's two lines and the error: no library warned first
+
+
+@pytest.mark.parametrize("flag", ["--learning_rat", "--learning-rat", "--max_step"])
+def test_train_refuses_abbreviated_flags(flag, tmp_path):
+    """argparse takes a prefix of one flag for that flag; ``--learning_rat 1e-3`` would silently set the
+    learning rate. Refused before any file or model is read, naming the flag meant."""
+    proc = cadence("train", "--model", "nothing", "--train_file", "nothing.txt", flag, "3", cwd=tmp_path)
+    line = usage_error(proc, "train")
+    assert f"unrecognized arguments: {flag} 3" in line and "did you mean --" in line
+
+
+def test_train_bad_choice_prints_the_short_usage_and_the_error(tmp_path):
+    proc = cadence("train", "--model", "nothing", "--train_file", "nothing.txt", "--task", "nosuch", cwd=tmp_path)
+    line = usage_error(proc, "train")
+    assert "argument --task: invalid choice: 'nosuch'" in line and "causal-lm" in line
+    proc = cadence("train", "--model", "nothing", "--train_file", "nothing.txt", "--lr_scheduler_type", "cosin",
+                   cwd=tmp_path)
+    assert "argument --lr_scheduler_type/--lr-scheduler-type: invalid choice: 'cosin'" in usage_error(proc, "train")
+
+
+def test_train_help_starts_with_examples():
+    proc = cadence("train", "--help")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head = proc.stdout.splitlines()[:12]
+    assert head[0].startswith("usage: cadence train --model MODEL --train_file FILE")
+    assert "examples:" in head and any(line.strip().startswith("cadence train --model ./") for line in head)
+    assert "--learning_rate" in proc.stdout  # every TrainingArguments flag is still listed below
+
+
+def test_other_commands_refuse_abbreviated_flags(tmp_path):
+    proc = cadence("demo", "--max", "3", "--output-dir", str(tmp_path / "demo"))
+    assert proc.returncode == 2 and "unrecognized arguments: --max 3" in proc.stderr
+    assert not (tmp_path / "demo").exists()
+    proc = cadence("plot", str(tmp_path), "--ou", "x.png")
+    assert proc.returncode == 2 and "unrecognized arguments: --ou x.png" in proc.stderr
