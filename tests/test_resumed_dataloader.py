@@ -158,3 +158,16 @@ def test_without_an_override_cadence_skips_in_its_sampler(tmp_path):
     resumed = run(cadence, tmp_path / "cut", rows, resume=True)
     assert rows.read[-112:-64] == full_rows.read[-128 + 16 : -64]  # (then epoch 2's 64)
     assert torch.equal(weights(resumed), weights(full))
+
+
+def test_the_readme_names_the_pinned_versions():
+    """The README's tested versions are constraints.txt's (and the Makefile's torch): the pin and the text move together."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).parent.parent
+    pins = dict(re.findall(r"^([\w.-]+)==(\S+)$", (root / "constraints.txt").read_text(), re.M))
+    pins["torch"] = re.search(r"TORCH\s+\?=\s+torch==(\S+)", (root / "Makefile").read_text()).group(1)
+    line = next(line for line in (root / "README.md").read_text().splitlines() if "constraints.txt" in line)
+    named = dict(re.findall(r"(transformers|accelerate|torch) (\d[\w.]*)", line))
+    assert named and all(pins[name] == version for name, version in named.items()), (named, line)
