@@ -24,11 +24,13 @@ test: .venv/.installed
 	$(PY) -m pytest -q
 
 # The suite on the newest release of everything: drift is seen here before it reaches the pinned set.
+# A fresh venv each time: what a new user's `pip install` resolves to today.
 test-latest:
-	test -x $(LATEST)/bin/python || python3 -m venv $(LATEST)
+	rm -rf $(LATEST)
+	python3 -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 	$(LATEST)/bin/python -m pip install -q "$(TORCH)"
-	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]"
+	$(LATEST)/bin/python -m pip install -q -e ".[test]"
 	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|accelerate|trl|sentence-transformers|datasets|peft) "
 	$(LATEST)/bin/python -m pytest -q
 
