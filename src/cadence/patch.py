@@ -6,6 +6,12 @@ transformers' trainer modules (``transformers.Trainer``, ``transformers.trainer.
 ``transformers.trainer_utils.set_seed``, ...) are cadence's objects, so every class defined afterwards subclasses
 cadence. Nothing inside cadence imports this module; ``cadence run`` and users call it.
 
+Child processes (``accelerate launch``, ``trl sft``, ``torchrun`` started by a script, spawn workers) get the patch
+through the environment: ``patch_transformers()`` sets ``CADENCE_PATCH_TRANSFORMERS=1``, and ``cadence_patch.pth``
+(installed beside cadence in site-packages) calls ``_startup()`` in every Python process that starts with it set.
+``_startup()`` imports nothing of transformers: it patches each of transformers' trainer modules the moment that
+module has run, so nothing can subclass transformers' classes first and a process that never trains pays nothing.
+
 >>> import cadence
 >>> cadence.patch_transformers()
 >>> import transformers, trl
@@ -16,7 +22,9 @@ True
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import logging
+import os
 import sys
 import warnings
 from types import ModuleType
@@ -37,24 +45,50 @@ MODULES = {
 # a module that holds one of these (or a subclass it defines) was built on transformers' Trainer before the patch
 _BASES = (("transformers.trainer", "Trainer"), ("transformers.training_args", "TrainingArguments"))
 
+ENV = "CADENCE_PATCH_TRANSFORMERS"  # set (not "" or "0"): this process and its children run on cadence
+PTH = "cadence_patch.pth"  # the start-up hook's file in site-packages (shipped in the wheel, see setup.py)
+
 _applied: dict[str, Any] = {}  # name -> transformers' original object, once patched
+_pairs: dict[int, tuple[Any, Any]] = {}  # the start-up hook's replacements so far, over the modules patched
 
 
 def _replacements() -> dict[int, tuple[Any, Any]]:
     """``{id(transformers' object): (transformers' object, cadence's object)}`` for every public name that
     transformers defines in its trainer modules and cadence has in the module of the same role."""
     pairs: dict[int, tuple[Any, Any]] = {}
-    for theirs_name, ours_name in MODULES.items():
-        theirs, ours = importlib.import_module(theirs_name), importlib.import_module(ours_name)
-        for name, original in vars(theirs).items():
-            if name.startswith("_") or getattr(original, "__module__", None) != theirs_name:
-                continue  # private, a constant, or imported from elsewhere (patched where it is defined)
-            try:
-                replacement = getattr(ours, name)
-            except AttributeError:  # transformers-only helper: transformers' own stays
-                continue
-            pairs[id(original)] = (original, replacement)
+    for theirs_name in MODULES:
+        pairs.update(_module_replacements(importlib.import_module(theirs_name)))
     return pairs
+
+
+def _module_replacements(theirs: ModuleType) -> dict[int, tuple[Any, Any]]:
+    """The replacements for the public names one of transformers' trainer modules defines itself."""
+    ours = importlib.import_module(MODULES[theirs.__name__])
+    pairs = {}
+    for name, original in vars(theirs).items():
+        if name.startswith("_") or getattr(original, "__module__", None) != theirs.__name__:
+            continue  # private, a constant, or imported from elsewhere (patched where it is defined)
+        try:
+            replacement = getattr(ours, name)
+        except AttributeError:  # transformers-only helper: transformers' own stays
+            continue
+        pairs[id(original)] = (original, replacement)
+    return pairs
+
+
+def _swap(module: ModuleType, pairs: dict[int, tuple[Any, Any]]) -> None:
+    """Point ``module``'s public names that hold a replaced object at cadence's, and transformers' lazy top-level
+    names that live in ``module`` too."""
+    for name, value in list(vars(module).items()):
+        if not name.startswith("_") and id(value) in pairs and pairs[id(value)][0] is value:
+            setattr(module, name, pairs[id(value)][1])
+            _applied[f"{module.__name__}.{name}"] = value
+    top = sys.modules.get("transformers")
+    submodule = module.__name__[len("transformers."):]
+    for name, home in getattr(top, "_class_to_module", {}).items():  # the top level is lazy: name -> submodule
+        if home == submodule and f"{module.__name__}.{name}" in _applied:
+            setattr(top, name, getattr(module, name))
+            _applied[f"transformers.{name}"] = _applied[f"{module.__name__}.{name}"]
 
 
 def _modules_built_on_transformers(pairs: dict[int, tuple[Any, Any]]) -> list[str]:
@@ -112,26 +146,98 @@ def patch_transformers() -> None:
             "TrainingArguments (or a subclass) and would keep training on transformers. Call "
             "cadence.patch_transformers() before importing them (first thing in the script), or run the script "
             "with `cadence run SCRIPT` / `cadence run -m MODULE`.")
-    import transformers
-
-    targets = [importlib.import_module(name) for name in MODULES]
-    for module in targets:
-        for name, value in list(vars(module).items()):
-            if not name.startswith("_") and id(value) in pairs and pairs[id(value)][0] is value:
-                setattr(module, name, pairs[id(value)][1])
-                _applied[f"{module.__name__}.{name}"] = value
-    lazy_names = getattr(transformers, "_class_to_module", {})  # the top level is a lazy module: name -> submodule
-    for name, submodule in lazy_names.items():
-        patched = f"transformers.{submodule}.{name}"
-        if patched in _applied:
-            setattr(transformers, name, getattr(sys.modules[f"transformers.{submodule}"], name))
-            _applied[f"transformers.{name}"] = _applied[patched]
+    for name in MODULES:
+        _swap(sys.modules[name], pairs)
+    if "transformers.trainer.Trainer" in _applied:  # not when the start-up hook has patched it already
+        _warn_when_built(_applied["transformers.trainer.Trainer"], "its class was defined on transformers' Trainer "
+                         "before cadence.patch_transformers() ran (a reference kept from before the patch)")
+    os.environ[ENV] = "1"  # child processes (launchers, workers) patch themselves through the start-up hook
     logger.info("cadence: %d transformers trainer names now point at cadence's", len(_applied))
 
 
 def is_patched() -> bool:
-    """Whether ``patch_transformers()`` has run in this process."""
+    """Whether ``patch_transformers()`` (or the start-up hook) has run in this process."""
     return bool(_applied)
+
+
+def _warn_when_built(original: type, why: str) -> None:
+    """Make transformers' own ``Trainer`` say, once, that it is being built in a process asked to run on cadence."""
+    init = original.__init__
+    if getattr(init, "_cadence_warns", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        if not _warned:
+            _warned.append(type(self))
+            cls = type(self)
+            warnings.warn(
+                f"cadence: this process was asked to train on cadence ({ENV}=1) but builds "
+                f"{cls.__module__}.{cls.__qualname__}, a subclass of transformers' Trainer: {why}. It trains on "
+                "transformers. Run it with `cadence run` (or call cadence.patch_transformers() before importing the "
+                "library that defines it).", RuntimeWarning, stacklevel=2)
+        init(self, *args, **kwargs)
+
+    __init__._cadence_warns = True  # type: ignore[attr-defined]
+    original.__init__ = __init__  # type: ignore[method-assign]
+
+
+_warned: list[type] = []  # the class already warned about: one warning a process
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The start-up hook's finder: it lets transformers' trainer modules load as usual and patches each one the moment
+    it has run, before the module that imported it reads a name from it."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in MODULES:
+            return None
+        for finder in sys.meta_path:  # the spec the rest of the import system would give
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        else:
+            return None
+        self.loaders = {**getattr(self, "loaders", {}), fullname: spec.loader}
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self.loaders[spec.name].create_module(spec)
+
+    def exec_module(self, module):
+        loader = self.loaders.pop(module.__name__)
+        module.__spec__.loader = module.__loader__ = loader  # the module keeps its own loader (get_source, ...)
+        loader.exec_module(module)
+        try:
+            if module.__name__ == "transformers.trainer":
+                _warn_when_built(module.Trainer, "its class was defined on transformers' Trainer before the patch")
+            _pairs.update(_module_replacements(module))
+            _swap(module, _pairs)
+        except Exception as error:  # the import itself must not fail: say loudly that this process is on transformers
+            trainer = sys.modules.get("transformers.trainer")
+            warnings.warn(f"cadence: the start-up hook could not patch {module.__name__} ({error!r}); this process "
+                          "trains on transformers", RuntimeWarning)
+            if trainer is not None:
+                _warn_when_built(trainer.Trainer, f"patching {module.__name__} failed ({error!r})")
+
+
+def _startup() -> None:
+    """Called by ``cadence_patch.pth`` at interpreter start-up when ``CADENCE_PATCH_TRANSFORMERS`` is set: patch
+    transformers' trainer modules as they are imported (nothing is imported now)."""
+    if "transformers.trainer" in sys.modules:  # imported before site-packages' hooks ran (a sitecustomize)
+        patch_transformers()
+    elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+def hook_installed() -> bool:
+    """Whether ``cadence_patch.pth`` lies in a site-packages folder of this interpreter, so that Python child
+    processes of a patched run patch themselves."""
+    import site
+
+    folders = [*site.getsitepackages(), site.getusersitepackages()] if hasattr(site, "getsitepackages") else []
+    return any(os.path.exists(os.path.join(folder, PTH)) for folder in folders)
 
 
 __all__ = ["is_patched", "patch_transformers"]
