@@ -117,6 +117,11 @@ def run_patched(argv: list[str]) -> int:
     then trains on cadence, unmodified. Under ``torchrun -m cadence run ...`` every process does the same.
     The script or module is checked before the patch, so a wrong name is one line, not a traceback.
 
+    ``patch_transformers()`` also sets ``CADENCE_PATCH_TRANSFORMERS=1``, so the Python processes the script starts
+    (``trl sft`` re-launching itself through ``accelerate launch``, a script starting ``torchrun``) patch themselves
+    through the installed start-up hook. SCRIPT may be a command on ``PATH`` written in Python
+    (``cadence run accelerate launch --num_processes 2 train.py``, ``cadence run trl sft ...``).
+
     Args:
         argv: ``[SCRIPT, *ARGS]`` or ``["-m", MODULE, *ARGS]``; the script sees ``sys.argv`` as plain python sets it.
 
@@ -128,6 +133,7 @@ def run_patched(argv: list[str]) -> int:
     """
     import os
     import runpy
+    import shutil
 
     if argv[:1] in (["-h"], ["--help"]):
         print(_RUN_HELP, end="")
@@ -143,11 +149,20 @@ def run_patched(argv: list[str]) -> int:
             return _run_error(problem)
     elif argv[0].startswith("-"):
         return _run_error(f"unknown option {argv[0]!r}: options of the script go after its name (see cadence run --help)")
-    elif not os.path.exists(argv[0]):
-        return _run_error(f"{argv[0]!r} does not exist (no such file in {os.getcwd()})")
-    from .patch import patch_transformers
+    else:
+        if not os.path.exists(argv[0]) and os.sep not in argv[0]:  # a command: `cadence run accelerate launch ...`
+            folders = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
+            argv = [shutil.which(argv[0], path=folders) or argv[0], *argv[1:]]  # on PATH, or beside this Python
+        if not os.path.exists(argv[0]):
+            return _run_error(f"{argv[0]!r} does not exist (no such file in {os.getcwd()})")
 
-    patch_transformers()
+    from .patch import PTH, hook_installed, patch_transformers
+
+    patch_transformers()  # and marks the environment: Python children patch themselves at start-up
+    if not hook_installed():
+        print(f"cadence run: warning: {PTH} is not in this Python's site-packages (cadence runs from a source folder "
+              "on PYTHONPATH?): Python processes this run starts (accelerate launch, trl's commands, torchrun) will "
+              "train on transformers. Install cadence with pip (pip install -e .) to patch them too.", file=sys.stderr)
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # run_module(alter_sys=True) puts the module's file in argv[0], as -m does
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

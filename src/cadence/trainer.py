@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
@@ -68,6 +69,25 @@ logger = logging.getLogger(__name__)
 # callbacks, a progress bar or, with disable_tqdm=True, a PrinterCallback, and with enable_jit_checkpoint the JIT one)
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
+
+
+def _accepts_tokenizer(init: Callable) -> Callable:
+    """``Trainer(tokenizer=...)``, transformers 4.x's name for ``processing_class`` that 4.x-pinned libraries still pass:
+    taken with the FutureWarning transformers 4.57 gives, and refused beside ``processing_class`` as 4.57 refuses it."""
+
+    @functools.wraps(init)  # the signature stays transformers 5's (inspect follows __wrapped__)
+    def __init__(self, *args, **kwargs):
+        if "tokenizer" in kwargs:
+            where = f"{type(self).__name__}.__init__"
+            if "processing_class" in kwargs:
+                raise ValueError(f"Both `tokenizer` and `processing_class` are set for `{where}`. Pass only "
+                                 "`processing_class` (`tokenizer` is its deprecated name).")
+            warnings.warn(f"`tokenizer` is deprecated and removed in transformers 5.0.0 for `{where}`. Use "
+                          "`processing_class` instead.", FutureWarning, stacklevel=2)
+            kwargs["processing_class"] = kwargs.pop("tokenizer")
+        init(self, *args, **kwargs)
+
+    return __init__
 
 
 def _state_at_save(state: TrainerState) -> TrainerState:
@@ -123,6 +143,7 @@ class Trainer:
     # compute_loss's signature
     loss_is_scaled_for_ga: bool | None = None
 
+    @_accepts_tokenizer
     def __init__(
         self,
         model: nn.Module | None = None,
@@ -1427,6 +1448,18 @@ class Trainer:
         """The folder this run's checkpoints go to: ``args.output_dir`` (a hyperparameter-search trial's
         arguments already name its ``run-{id}`` folder)."""
         return self.args.output_dir
+
+    @property
+    def tokenizer(self) -> Any:
+        """``processing_class`` under transformers 4.x's name, with 4.57's deprecation warning."""
+        logger.warning("Trainer.tokenizer is now deprecated. You should use Trainer.processing_class instead.")
+        return self.processing_class
+
+    @tokenizer.setter
+    def tokenizer(self, processing_class: Any) -> None:
+        logger.warning("Trainer.tokenizer is now deprecated. You should use `Trainer.processing_class = "
+                       "processing_class` instead.")
+        self.processing_class = processing_class
 
     @property
     def push_in_progress(self):
