@@ -70,8 +70,11 @@ SRC = os.path.join(os.path.dirname(HERE), "src")
 
 def worker_env(env=None):
     """The environment of a worker: this checkout's cadence first on the path (even beside another install), with
-    tests/ for the shared helpers, one thread per process (the suite's machines are shared), and ``env``."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, SRC]), **(env or {})}
+    tests/ for the shared helpers, one thread per process (the suite's machines are shared), and ``env``. Without
+    cadence's mark (``CADENCE_PATCH_TRANSFORMERS``, set by ``cadence run``/``patch_transformers()``) unless ``env``
+    sets it: a reference run on transformers must stay on transformers."""
+    base = {k: v for k, v in os.environ.items() if k != "CADENCE_PATCH_TRANSFORMERS"}
+    return {**base, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, SRC]), **(env or {})}
 
 
 def launch(script, *args, nproc=2, env=None, torchrun=(), timeout=300, **run_kwargs):

@@ -100,6 +100,10 @@ elif case == "multi_vector_encoder":
 else:
     raise SystemExit(f"unknown case {case}")
 
+import cadence  # noqa: E402  (importing it patches nothing)
+
+# each run proves its base: a reference run is transformers' (the environment's mark must not reach it)
+assert isinstance(trainer, cadence.Trainer) == ("--cadence" in sys.argv), type(trainer).__mro__
 trainer.train()
 torch.save({"losses": Record.losses, "weights": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}},
            os.path.join(out, "result.pt"))
