@@ -123,7 +123,9 @@ def patch_transformers() -> None:
     ``.trainer_callback``, ``.trainer_utils``, ``.trainer_pt_utils``, ``.trainer_seq2seq`` and
     ``.training_args_seq2seq``, for every name cadence has (``Trainer``, ``TrainingArguments``, ``Seq2Seq*``,
     ``TrainerCallback``, ``TrainerState``, ``TrainerControl``, the callbacks, ``set_seed``, ``EvalPrediction``, ...).
-    Calling it again does nothing. transformers' callbacks imported before it (``EarlyStoppingCallback``)
+    Calling it again does nothing. It sets ``CADENCE_PATCH_TRANSFORMERS=1`` in ``os.environ``: the Python processes
+    started afterwards (launchers, workers) patch themselves at start-up, through ``cadence_patch.pth``; a
+    transformers ``Trainer`` built anyway in such a process warns once. transformers' callbacks imported before it (``EarlyStoppingCallback``)
     still work as callbacks: the callback handler calls any object's ``on_*`` methods.
 
     Raises:
