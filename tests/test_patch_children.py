@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -31,6 +32,7 @@ ROOT = os.path.dirname(HERE)
 PTH = "cadence_patch.pth"
 MARK = "CADENCE_PATCH_TRANSFORMERS"
 TRL = os.path.join(os.path.dirname(sys.executable), "trl")  # `$(which trl)` of the interpreter running the tests
+KEEP = {"src", "setup.py", "pyproject.toml", "README.md", "MANIFEST.in"}  # what a wheel is built from
 TOL = 1e-5  # both sides do the same float32 arithmetic in the same order (test_trl.py: 0.0 measured); bugs move 1e-3+
 
 
@@ -42,8 +44,13 @@ def make_venv(folder, install: str | None = "editable") -> str:
     with open(os.path.join(purelib(python), "zz_outer_site_packages.pth"), "w") as f:
         f.write(sysconfig.get_paths()["purelib"] + "\n")
     if install:
+        source = ROOT
+        if install == "wheel":  # built from a copy: a wheel build leaves build/ behind in the tree it builds
+            source = os.path.join(str(folder), "source")
+            shutil.copytree(ROOT, source, ignore=lambda d, names: [n for n in names if n not in KEEP] if d == ROOT
+                            else [n for n in names if n == "__pycache__" or n.endswith(".egg-info")])
         proc = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
-                               "--no-build-isolation", *(["-e"] if install == "editable" else []), ROOT],
+                               "--no-build-isolation", *(["-e"] if install == "editable" else []), source],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return python
