@@ -8,8 +8,8 @@ LATEST  := .venv-latest
 .PHONY: demo test test-latest constraints bench clean
 
 # The tested set: every dependency at the version constraints.txt pins; a change of either file rebuilds the venv,
-# so a release of a dependency never changes what `make test` runs.
-.venv/.installed: pyproject.toml constraints.txt
+# so a release of a dependency never changes what `make test` runs (setup.py: it ships the start-up hook).
+.venv/.installed: pyproject.toml constraints.txt setup.py
 	rm -rf .venv
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
