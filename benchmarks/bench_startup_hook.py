@@ -80,11 +80,18 @@ def main() -> None:
                 finally:
                     if label == labels[0]:
                         shutil.move(aside, pth)
+        # the hook's own cost, without the noise of whole processes: site processing the one file, in-process
+        direct = subprocess.run([python, "-c", f"import site, time, timeit; print(timeit.timeit(lambda: site.addpackage("
+                                               f"{site!r}, {PTH!r}, set()), number=2000, timer=time.process_time)"
+                                               " / 2000)"],
+                                env=env, check=True, capture_output=True, text=True).stdout.strip()
     base = [statistics.median(t[i] for t in rows[labels[0]]) for i in (0, 1)]
     print(f"python -c pass, median of {opts.repeats} (interleaved, random order)      wall          cpu")
     for label, times in rows.items():
         wall, cpu = (statistics.median(t[i] for t in times) for i in (0, 1))
         print(f"  {label:<55} {wall * 1e3:6.1f} ms {wall / base[0]:.3f}x  {cpu * 1e3:6.1f} ms {cpu / base[1]:.3f}x")
+    print(f"site.addpackage({PTH}) in-process, variable unset: {float(direct) * 1e6:.0f} us CPU "
+          f"({float(direct) / base[1]:.1%} of a start-up's CPU time)")
 
 
 if __name__ == "__main__":
