@@ -193,7 +193,7 @@ def test_nothing_left_is_an_error_naming_both_sides(out_dir, kind):
     trainer = Trainer(ClassifierModel(), make_args(out_dir), train_dataset=ds)
     with pytest.raises(ValueError, match=r"dataset has \['ids', 'target'\], the model accepts \['attention_mask', "
                                          r"'input_ids', 'label', 'label_ids', 'labels'\].*remove_unused_columns=False"):
-        trainer.get_train_dataloader()
+        next(iter(trainer.get_train_dataloader()))  # a dict dataset: at its first batch (never read early)
 
 
 # ---------------------------------------------------------------------------------- parity with transformers
@@ -258,7 +258,7 @@ def test_untokenized_text_input_is_refused_before_the_first_step(out_dir, kind):
     ds = Rows(rows) if kind == "dict" else datasets.Dataset.from_list(rows)
     trainer = Trainer(ClassifierModel(), make_args(out_dir, max_steps=1), train_dataset=ds)
     with pytest.raises(ValueError, match="field 'input_ids' of the training dataset holds text.*tokenize"):
-        trainer.get_train_dataloader()
+        next(iter(trainer.get_train_dataloader()))  # at the first batch: a dataset is never read early
 
 
 GOOD_ROW = {"input_ids": [1, 2], "labels": 0}

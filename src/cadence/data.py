@@ -808,21 +808,40 @@ def drop_unused_columns(dataset: Any, collator: Callable, accepted: set[str] | N
         _refuse_text_inputs({c: "<a string column>" for c in columns if getattr(features.get(c), "dtype", None) == "string"},
                             set(columns) - set(dropped), collator, description)
         return (dataset.remove_columns(dropped) if dropped else dataset), collator
-    if not is_iterable_dataset(dataset):
-        if len(dataset) == 0:  # an empty eval set: no rows, no columns to drop
-            return dataset, collator
-        sample = _as_mapping(dataset[0])
-        if _is_default_collator(collator) and _is_bad_row(sample, False):  # seen now, whatever the order of batches
-            raise ValueError(f"{dataset_name(description)} row 0 is {_row_kind(sample)}: {_what_a_row_is(sample)}")
-        if isinstance(sample, Mapping):
-            _refuse_text_inputs(sample, accepted, collator, description)
-        if not isinstance(sample, Mapping) or not [k for k in sample if k not in accepted]:
-            return dataset, collator  # nothing to drop: no wrapper on the hot path
-        check_columns(list(sample), accepted, model_name, description)
-        remover = RemoveColumnsCollator(collator, accepted, logger, model_name, description)
-        remover.checked = True  # already logged
-        return dataset, remover
-    return dataset, RemoveColumnsCollator(collator, accepted, logger, model_name, description)
+    if not is_iterable_dataset(dataset) and len(dataset) == 0:  # an empty eval set: no rows, no columns to drop
+        return dataset, collator
+    # the dataset is never read early (transformers reads none of it before the first batch): a __getitem__ that
+    # draws from `random` gets transformers' draws; the columns are checked on the first batch
+    return dataset, ColumnsDroppedInCollator(collator, accepted, model_name, description)
+
+
+class ColumnsDroppedInCollator(RemoveColumnsCollator):
+    """transformers' ``RemoveColumnsCollator`` (the unused keys dropped per batch, logged at the first), which also
+    refuses, at the first batch, text in a model input that a default collator would silently leave out; once the
+    first batch shows nothing to drop, the samples go to the collator as they are.
+
+    Example:
+        >>> collate = ColumnsDroppedInCollator(default_data_collator, {"x"}, "Model", "training")
+        >>> collate([{"x": 1, "id": "a"}])
+        {'x': tensor([1])}
+    """
+
+    def __init__(self, collator: Callable, accepted: set[str], model_name: str, description: str | None):
+        super().__init__(collator, accepted, logger, model_name, description)
+        self.nothing_to_drop = False
+
+    def __call__(self, features: list) -> Any:
+        if self.nothing_to_drop:
+            return self.data_collator(features)
+        first = features[0]
+        if not self.checked and first is not None:  # a None row goes on to the collator, which names it
+            if isinstance(_as_mapping(first), Mapping):
+                _refuse_text_inputs(_as_mapping(first), self.keep, self.data_collator, self.description)
+            # only dict samples lose keys (as in transformers); a dataclass or tuple goes on as it is
+            self.nothing_to_drop = not isinstance(first, Mapping) or all(k in self.keep for k in first)
+            if self.nothing_to_drop:
+                return self.data_collator(features)
+        return super().__call__(features)
 
 
 def _peft_base(model: torch.nn.Module) -> torch.nn.Module | None:
