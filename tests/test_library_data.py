@@ -2,6 +2,7 @@
 from Python's ``random`` (embedding libraries sample negatives in ``__getitem__``, GLiNER in its collator) see the
 draws in transformers' order."""
 
+import os
 import random
 
 import pytest
@@ -51,3 +52,40 @@ def test_a_dataset_drawing_from_random_is_not_read_before_the_first_batch(tmp_pa
     assert len(ours) == len(theirs) == 8
     # same float32 operations in the same order: equal up to rounding of the logged values
     assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-7)
+
+
+# --- a subclass's own sampler on 2 processes (TRL's RepeatSampler: GRPO, RLOO) ------------------------------------
+import shutil  # noqa: E402
+
+import dist_exit  # noqa: E402
+
+
+def sampler_run(out, cadence_base, resume=False):
+    proc = dist_exit.launch("sampler_worker.py", out, *(["--cadence"] if cadence_base else []),
+                            *(["--resume"] if resume else []), nproc=2)
+    dist_exit.assert_finished(proc, 2)
+    return [torch.load(os.path.join(out, f"rank{r}{'_resumed' if resume else ''}.pt")) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_a_subclasss_sampler_is_sharded_per_rank_as_accelerate_does(tmp_path):
+    """cadence handed a subclass's sampler to the DataLoader unsharded: on 2 processes every rank read every index
+    and the run ended at epoch 1.0 of 2 (transformers: each rank its batches, epoch 2.0). Now each rank reads the
+    batches accelerate deals it, and a resume inside an epoch ends bit-identical to the unbroken run."""
+    ours = sampler_run(str(tmp_path / "cd"), True)
+    theirs = sampler_run(str(tmp_path / "hf"), False)
+    for rank in range(2):
+        assert ours[rank]["seen"] == theirs[rank]["seen"], rank  # the same indices, in the same order, per rank
+        assert ours[rank]["step"] == theirs[rank]["step"] == 10  # 26 indices -> 9 batches of 3 -> 5 per rank, x2
+        assert ours[rank]["epoch"] == pytest.approx(theirs[rank]["epoch"]) == 2.0
+        for name, w in theirs[rank]["weights"].items():  # float64: only summation order may differ
+            assert torch.allclose(ours[rank]["weights"][name], w, atol=1e-10, rtol=0), name
+    assert ours[0]["seen"] != ours[1]["seen"]
+    # resume inside epoch 1 (step 3 of 5): the subclass's sampler cannot skip, its trained batches are read again
+    resumed_dir = tmp_path / "r"
+    shutil.copytree(tmp_path / "cd" / "checkpoint-3", resumed_dir / "checkpoint-3")
+    resumed = sampler_run(str(resumed_dir), True, resume=True)
+    for rank in range(2):
+        assert resumed[rank]["step"] == 10
+        for name, w in ours[rank]["weights"].items():
+            assert torch.equal(resumed[rank]["weights"][name], w), name

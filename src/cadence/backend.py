@@ -983,6 +983,17 @@ def process_group_size_and_rank() -> tuple[int, int] | None:
     return torch.distributed.get_world_size(), torch.distributed.get_rank()
 
 
+def shard_batch_sampler(batch_sampler: Any, num_processes: int, process_index: int, even_batches: bool = True) -> Any:
+    """accelerate's ``BatchSamplerShard`` over ``batch_sampler``: of every ``num_processes`` batches, process
+    ``process_index`` takes its own; the last round is completed from the epoch's first indices (``even_batches``).
+    What ``Accelerator.prepare`` deals a transformers Trainer's training dataloader (never ``split_batches``: cadence
+    refuses it)."""
+    from accelerate.data_loader import BatchSamplerShard
+
+    return BatchSamplerShard(batch_sampler, num_processes=num_processes, process_index=process_index,
+                             split_batches=False, even_batches=even_batches)
+
+
 def any_process(flag: bool, device: torch.device) -> bool:
     """Whether ``flag`` is True on any process (a max all-reduce of one number on ``device``; a collective when a
     process group is started, so every process must call it); ``flag`` itself without a process group."""

@@ -422,6 +422,9 @@ def set_epoch(dataloader: DataLoader, epoch: int, skip: int = 0, skip_batches: i
         sampler.set_epoch(epoch, skip)
     elif callable(getattr(sampler, "set_epoch", None)):
         sampler.set_epoch(epoch)
+    sharded = getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None)  # a subclass's, per rank
+    if callable(getattr(sharded, "set_epoch", None)):
+        sharded.set_epoch(epoch)
     dataset = getattr(dataloader, "dataset", None)
     if callable(getattr(dataset, "set_epoch", None)):
         dataset.set_epoch(epoch)
@@ -1047,6 +1050,18 @@ class DistributedLengthGroupedSampler(LengthGroupedSampler):
         order = self._order()
         order = (order + order[: self.total_size - len(order)]) if self.total_size > len(order) else order[: self.total_size]
         return iter(order[self.rank : self.total_size : self.num_replicas][self.skip :])
+
+
+def shard_sampler(sampler: Sampler, batch_size: int, drop_last: bool, rank: int, world_size: int,
+                  even_batches: bool = True) -> Sampler:
+    """A sampler that is not cadence's (a subclass's ``_get_train_sampler``: TRL's ``RepeatSampler``) as one
+    data-parallel rank's batches, dealt as accelerate deals a transformers Trainer's: the sampler's indices cut
+    into batches of ``batch_size``, rank ``r`` taking batches ``r, r + world_size, ...`` (``BatchSamplerShard``).
+    Its ``set_epoch`` is still called each epoch (:func:`set_epoch`); a resume reads the trained batches again."""
+    from .backend import shard_batch_sampler
+
+    batches = torch.utils.data.BatchSampler(sampler, batch_size, drop_last)
+    return shard_batch_sampler(batches, world_size, rank, even_batches)
 
 
 def stateful_stream(dataloader: DataLoader | None) -> Any:

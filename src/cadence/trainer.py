@@ -401,6 +401,12 @@ class Trainer:
         elif isinstance(sampler, data.BatchRebalanceSampler):  # it makes the (variable-size) batches itself
             kwargs["batch_sampler"] = sampler
             del kwargs["batch_size"], kwargs["drop_last"]
+        elif sampler is not None and not evaluation and self.backend.data_parallel_size > 1 and not isinstance(
+                sampler, data.EpochSampler):  # a subclass's own sampler: each rank its batches, as accelerate deals them
+            kwargs["batch_sampler"] = data.shard_sampler(sampler, batch_size, kwargs.pop("drop_last"),
+                                                         self.backend.data_parallel_rank,
+                                                         self.backend.data_parallel_size, self.accelerator.even_batches)
+            del kwargs["batch_size"]
         elif sampler is not None:
             kwargs["sampler"] = sampler
         return data.TrainerDataLoader(dataset, num_processes=args.world_size, **kwargs)
