@@ -33,11 +33,10 @@ def random_collate(features):
 def run(lib, out_dir, **kw):
     kw = {**dict(max_steps=8, per_device_train_batch_size=4, learning_rate=0.1, logging_steps=1, save_strategy="no",
                  report_to="none", disable_tqdm=True, seed=7, use_cpu=True, optim="sgd"), **kw}
-    collator = kw.pop("data_collator", None)
-    eval_dataset = kw.pop("eval_dataset", None)
+    collator, eval_dataset = kw.pop("data_collator", None), kw.pop("eval_dataset", None)
+    train_dataset = kw.pop("train_dataset", None) or RandomRows(24)
     trainer = lib.Trainer(RegressionModel(), lib.TrainingArguments(output_dir=out_dir, **kw),
-                          train_dataset=kw.pop("train_dataset", None) or RandomRows(24), eval_dataset=eval_dataset,
-                          data_collator=collator)
+                          train_dataset=train_dataset, eval_dataset=eval_dataset, data_collator=collator)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
@@ -89,3 +88,39 @@ def test_a_subclasss_sampler_is_sharded_per_rank_as_accelerate_does(tmp_path):
         assert resumed[rank]["step"] == 10
         for name, w in ours[rank]["weights"].items():
             assert torch.equal(resumed[rank]["weights"][name], w), name
+
+
+# --- the training dataloader collates one batch ahead, as accelerate's DataLoaderShard ---------------------------
+def test_a_collator_drawing_from_random_sees_transformers_order_around_evaluations(tmp_path):
+    """transformers collates batch k+1 before step k trains (accelerate's look-ahead), so with a mid-epoch
+    evaluation (whose batches the same collator draws for) the draws interleave differently from a loader that
+    collates on demand: cadence's losses left transformers' at the first step after the first evaluation."""
+    kw = dict(data_collator=random_collate, train_dataset=RegressionDataset(24), eval_dataset=RegressionDataset(8, seed=1),
+              eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, max_steps=10)  # crosses an epoch end
+    ours, our_evals = run(cadence, str(tmp_path / "cd"), **kw)
+    theirs, their_evals = run(transformers, str(tmp_path / "hf"), **kw)
+    assert len(ours) == len(theirs) == 10 and len(our_evals) == len(their_evals) == 5
+    # same float32 operations in the same order: equal up to rounding of the logged values
+    assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-7)
+    assert our_evals == pytest.approx(their_evals, rel=1e-6, abs=1e-7)
+
+
+def test_a_resume_redraws_the_batch_collated_ahead_from_the_saved_rng_states(tmp_path):
+    """The checkpoint of step 3 was written with batch 4 already collated: the resumed run draws batch 4 from the
+    RNG states it was drawn from (kept in rng_state.pth), and ends bit-identical to the unbroken run."""
+    def fit(out, resume=None):
+        args = cadence.TrainingArguments(output_dir=str(out), max_steps=8, per_device_train_batch_size=4,
+                                         learning_rate=0.1, logging_steps=1, save_strategy="steps", save_steps=3,
+                                         eval_strategy="steps", eval_steps=2, report_to="none", disable_tqdm=True,
+                                         seed=7, use_cpu=True, optim="sgd")
+        trainer = cadence.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(24),
+                                  eval_dataset=RegressionDataset(8, seed=1), data_collator=random_collate)
+        trainer.train(resume_from_checkpoint=resume)
+        return [h.get("loss", h.get("eval_loss")) for h in trainer.state.log_history if h["step"] > 3], \
+            {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    unbroken_logs, unbroken = fit(tmp_path / "u")
+    shutil.copytree(tmp_path / "u" / "checkpoint-3", tmp_path / "r" / "checkpoint-3")  # inside epoch 1 (6 batches)
+    resumed_logs, resumed = fit(tmp_path / "r", resume=True)
+    assert resumed_logs == unbroken_logs
+    assert all(torch.equal(unbroken[n], resumed[n]) for n in unbroken)

@@ -1064,6 +1064,63 @@ def shard_sampler(sampler: Sampler, batch_size: int, drop_last: bool, rank: int,
     return shard_batch_sampler(batches, world_size, rank, even_batches)
 
 
+class LookAhead:
+    """An epoch's training batches, each next one collated before the current one is handed out, as accelerate's
+    ``DataLoaderShard`` (a transformers Trainer's dataloader) does: a collator or ``__getitem__`` that draws from
+    ``random`` draws in transformers' order relative to the training steps and to a mid-epoch evaluation.
+
+    For an exact resume the RNG states from which the pending batch was drawn are kept (``rng_before_pending``,
+    from ``capture()``; None without it or when nothing is pending): a checkpoint saves them, and the resumed epoch
+    draws its first batch from them (``replay``: called as ``replay[0]()`` before, ``replay[1]()`` after that
+    first fetch), then goes on from the checkpoint's own RNG states.
+
+    Args:
+        batches: the epoch's batch iterator.
+        capture: returns the RNG states to keep before each fetch (None: keep none).
+        replay: ``(before, after)`` the resumed epoch's first fetch, or None.
+
+    Example:
+        >>> list(LookAhead(iter([1, 2, 3])))
+        [1, 2, 3]
+    """
+
+    _END = object()
+
+    def __init__(self, batches: Iterator, capture: Callable[[], Any] | None = None,
+                 replay: tuple[Callable[[], None], Callable[[], None]] | None = None):
+        self.batches, self.capture, self.replay = batches, capture, replay
+        self.pending: Any = None
+        self.started = False
+        self.rng_before_pending: Any = None
+
+    def __iter__(self) -> "LookAhead":
+        return self
+
+    def _fetch(self) -> Any:
+        if self.capture is not None:
+            self.rng_before_pending = self.capture()
+        try:
+            return next(self.batches)
+        except StopIteration:
+            self.rng_before_pending = None
+            return self._END
+
+    def __next__(self) -> Any:
+        if not self.started:  # lazily, at the first batch, as accelerate's iterator starts
+            self.started = True
+            if self.replay is not None:
+                self.replay[0]()
+                self.pending = next(self.batches, self._END)
+                self.replay[1]()
+            else:
+                self.pending = self._fetch()
+        current = self.pending
+        if current is self._END:
+            raise StopIteration
+        self.pending = self._fetch()  # the next batch first, then the current one out
+        return current
+
+
 def stateful_stream(dataloader: DataLoader | None) -> Any:
     """The iterable dataset behind ``dataloader`` when its position can be saved and restored.
 
@@ -1299,6 +1356,7 @@ def check_dataset(dataset: Any, name: str, allow_empty: bool = False) -> None:
 
 __all__ = [
     "TrainerDataLoader",
+    "LookAhead",
     "EpochSampler",
     "EvalBatchSampler",
     "LengthGroupedSampler",

@@ -87,6 +87,7 @@ class LoopState:
         self.last_logged_step = 0
         self.first_step = 0  # train_loss averages the steps from here (the resumed step when the sums were not saved)
         self.epoch, self.batches_in_epoch, self.batches_per_epoch = 0, 0, batches_per_epoch  # where the data is
+        self.batches: Any = None  # the epoch's batch iterator (data.LookAhead): its pending batch's RNG states are saved
         self.layout = layout  # what the position is counted in
         self.identity = identity or {}  # the data the position is in
         # ---- this run only

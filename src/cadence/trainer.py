@@ -36,6 +36,7 @@ from .backend import AcceleratorView, Backend
 from .checkpoint import background, formats, manifest, save_load, signals, writer
 # transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
 from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
+from .checkpoint.rng import capture_rng_state, restore_rng_state
 from .checkpoint.resume import ResumePoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
 from .integrations import base as trackers, registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
@@ -835,9 +836,20 @@ class Trainer:
             self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)
 
         if resume is not None:  # the RNGs, and a stream's state, restored where the saving run was
-            return resume.start_epoch(train_dataloader, begin_epoch, own_skip)
-        begin_epoch()
-        return iter(train_dataloader)
+            batches = resume.start_epoch(train_dataloader, begin_epoch, own_skip)
+        else:
+            begin_epoch()
+            batches = iter(train_dataloader)
+        # one batch collated ahead, as transformers' dataloader; the RNGs it was drawn from kept only where a
+        # checkpoint may be written and the main process collates (a resume then draws it again from them)
+        keep = (self.args.save_strategy != "no" or self.args.enable_jit_checkpoint) and not self.args.dataloader_num_workers
+        capture = functools.partial(capture_rng_state, self.args.world_size) if keep else None
+        inside = resume is not None and (resume.skip_batches or resume.trained_batches)  # a pending batch was saved
+        look_ahead = (resume.rng or {}).get("look_ahead") if inside else None
+        replay = None if look_ahead is None else (lambda: restore_rng_state(look_ahead),
+                                                  lambda: restore_rng_state(resume.rng))
+        loop.batches = data.LookAhead(batches, capture, replay)
+        return loop.batches
 
     def _window_items(self, window: list) -> torch.Tensor | None:
         """Items of one optimizer step over all processes (None when the batches carry no labels)."""
@@ -1435,7 +1447,8 @@ class Trainer:
         return {"model": model, "processing_class": self.processing_class, "optimizer": self.optimizer,
                 "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
                 "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
-                "stream": data.stateful_stream(self.callback_handler.train_dataloader)}
+                "stream": data.stateful_stream(self.callback_handler.train_dataloader),
+                "look_ahead_rng": getattr(getattr(loop, "batches", None), "rng_before_pending", None)}
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load the weights of a checkpoint folder into ``model`` (default ``self.model``): safetensors or

@@ -83,7 +83,7 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         prepare_staging(folder)
     backend.barrier()
     if full:
-        save_rng_state(folder, args.process_index, args.world_size)
+        save_rng_state(folder, args.process_index, args.world_size, objects.get("look_ahead_rng"))
     # every process, in the same order (collectives): under FSDP gathered to the main process, or written as shards
     model = objects["model"]
     pending = [] if writer is not None else None  # FSDP's sharded writes, for the writer's thread

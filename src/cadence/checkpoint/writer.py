@@ -195,14 +195,19 @@ def prepare_staging(final: str | os.PathLike) -> Path:
     return tmp
 
 
-def save_rng_state(final: str | os.PathLike, process_index: int, world_size: int) -> None:
-    """This process's RNG states into the staging folder of ``final`` (``rng_state[_{rank}].pth``)."""
+def save_rng_state(final: str | os.PathLike, process_index: int, world_size: int, look_ahead: dict | None = None) -> None:
+    """This process's RNG states into the staging folder of ``final`` (``rng_state[_{rank}].pth``); ``look_ahead``:
+    the states the training dataloader's pending batch was drawn from, kept under ``"look_ahead"`` (transformers
+    reads the other keys only)."""
     tmp = staging_folder(final)
     with staging_removed_on_error(Path(final)):
         tmp.mkdir(parents=True, exist_ok=True)  # a node that does not share the main process's disk
         name = rng_state_name(process_index, world_size)
         with writing(f"writing {name}"):
-            torch.save(capture_rng_state(world_size), tmp / name)
+            state = capture_rng_state(world_size)
+            if look_ahead is not None:
+                state["look_ahead"] = look_ahead
+            torch.save(state, tmp / name)
 
 
 def _fsync_dir(folder: Path) -> None:
