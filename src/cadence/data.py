@@ -1069,14 +1069,15 @@ class LookAhead:
     ``DataLoaderShard`` (a transformers Trainer's dataloader) does: a collator or ``__getitem__`` that draws from
     ``random`` draws in transformers' order relative to the training steps and to a mid-epoch evaluation.
 
-    For an exact resume the RNG states from which the pending batch was drawn are kept (``rng_before_pending``,
-    from ``capture()``; None without it or when nothing is pending): a checkpoint saves them, and the resumed epoch
-    draws its first batch from them (``replay``: called as ``replay[0]()`` before, ``replay[1]()`` after that
-    first fetch), then goes on from the checkpoint's own RNG states.
+    For an exact resume what the pending batch was drawn from is kept (``before_pending``, from ``capture()``
+    before each fetch: the RNG states, a stream's position; None without it or when nothing is pending): a
+    checkpoint saves that, and the resumed epoch draws its first batch from it (``replay``: called as
+    ``replay[0]()`` before, ``replay[1]()`` after that first fetch), then goes on from the checkpoint's own RNG
+    states.
 
     Args:
         batches: the epoch's batch iterator.
-        capture: returns the RNG states to keep before each fetch (None: keep none).
+        capture: returns what to keep before each fetch (None: keep nothing).
         replay: ``(before, after)`` the resumed epoch's first fetch, or None.
 
     Example:
@@ -1091,18 +1092,18 @@ class LookAhead:
         self.batches, self.capture, self.replay = batches, capture, replay
         self.pending: Any = None
         self.started = False
-        self.rng_before_pending: Any = None
+        self.before_pending: Any = None
 
     def __iter__(self) -> "LookAhead":
         return self
 
     def _fetch(self) -> Any:
         if self.capture is not None:
-            self.rng_before_pending = self.capture()
+            self.before_pending = self.capture()
         try:
             return next(self.batches)
         except StopIteration:
-            self.rng_before_pending = None
+            self.before_pending = None
             return self._END
 
     def __next__(self) -> Any:
@@ -1119,6 +1120,16 @@ class LookAhead:
             raise StopIteration
         self.pending = self._fetch()  # the next batch first, then the current one out
         return current
+
+
+class SavedState:
+    """A ``state_dict()`` taken earlier (a stream's position before the batch collated ahead), for a checkpoint."""
+
+    def __init__(self, state: Any):
+        self.state = state
+
+    def state_dict(self) -> Any:
+        return self.state
 
 
 def stateful_stream(dataloader: DataLoader | None) -> Any:

@@ -843,12 +843,17 @@ class Trainer:
         # one batch collated ahead, as transformers' dataloader; the RNGs it was drawn from kept only where a
         # checkpoint may be written and the main process collates (a resume then draws it again from them)
         keep = (self.args.save_strategy != "no" or self.args.enable_jit_checkpoint) and not self.args.dataloader_num_workers
-        capture = functools.partial(capture_rng_state, self.args.world_size) if keep else None
+        stream = data.stateful_stream(train_dataloader)  # its position before the pending batch, always (cheap)
+
+        def capture() -> dict:
+            return {"rng": capture_rng_state(self.args.world_size) if keep else None,
+                    "stream": None if stream is None else stream.state_dict()}
+
         inside = resume is not None and (resume.skip_batches or resume.trained_batches)  # a pending batch was saved
         look_ahead = (resume.rng or {}).get("look_ahead") if inside else None
         replay = None if look_ahead is None else (lambda: restore_rng_state(look_ahead),
                                                   lambda: restore_rng_state(resume.rng))
-        loop.batches = data.LookAhead(batches, capture, replay)
+        loop.batches = data.LookAhead(batches, capture if keep or stream is not None else None, replay)
         return loop.batches
 
     def _window_items(self, window: list) -> torch.Tensor | None:
@@ -1444,11 +1449,15 @@ class Trainer:
 
     def _checkpoint_objects(self, model: nn.Module, loop: LoopState | None) -> dict[str, Any]:
         """What a checkpoint holds, by name (``save_load.save`` / ``save_load.load``); the weights are ``model``'s."""
+        pending = getattr(getattr(loop, "batches", None), "before_pending", None) or {}
         return {"model": model, "processing_class": self.processing_class, "optimizer": self.optimizer,
                 "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
                 "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
-                "stream": data.stateful_stream(self.callback_handler.train_dataloader),
-                "look_ahead_rng": getattr(getattr(loop, "batches", None), "rng_before_pending", None)}
+                "stream": data.SavedState(pending["stream"]) if pending.get("stream") is not None else
+                data.stateful_stream(self.callback_handler.train_dataloader),
+                "look_ahead_rng": pending.get("rng"),  # what the batch collated ahead was drawn from
+                # a subclass's _save writes a checkpoint's model files (cadence's own writes them in the background)
+                "model_files": None if type(self)._save is Trainer._save else self._save}
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load the weights of a checkpoint folder into ``model`` (default ``self.model``): safetensors or
@@ -1511,13 +1520,28 @@ class Trainer:
         self._collect_save(wait=True, reason="save_model")
         with optimization.eval_weights(self.optimizer, restore=self.is_in_train):  # schedule-free: averaged weights
             weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
-            if self.args.should_save:
-                logger.info(f"Saving model checkpoint to {output_dir}")
-                save_load.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, weights,
-                                     self.args)
+            # every process, as transformers calls it: a state dict only where one was gathered (FSDP, DeepSpeed)
+            self._save(output_dir) if weights is None else self._save(output_dir, state_dict=weights)
         self.backend.barrier()
         if self.args.push_to_hub and not _internal_call:  # transformers: a save is also a push
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """The model's files into ``output_dir`` (``save_pretrained``, else safetensors), the processing class and
+        ``training_args.bin``, on the saving process (transformers' method). ``save_model()`` and every checkpoint
+        write the model through it, so a subclass's override decides what a saved model is (an adapter folder, a
+        wrapped encoder with its config); a checkpoint calls it with the checkpoint's staging folder (a ``str``),
+        renamed once complete.
+
+        Args:
+            output_dir: the folder (default ``args.output_dir``).
+            state_dict: the weights to write instead of the model's own (gathered under FSDP or DeepSpeed).
+        """
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if self.args.should_save:
+            logger.info(f"Saving model checkpoint to {output_dir}")
+            save_load.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, state_dict,
+                                 self.args)
 
     def save_state(self) -> None:
         """Write ``TrainerState`` to ``{output_dir}/trainer_state.json`` (main process only)."""

@@ -93,6 +93,12 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         for name in STATE_FILES:
             if name != "optimizer" and objects.get(name) is not None:
                 states[name] = objects[name].state_dict()
+    model_files = objects.get("model_files")
+    if model_files is not None:  # a Trainer subclass's _save, on every process as transformers calls it, now: it
+        # may read the live model, so an asynchronous save snapshots the other states only
+        weights = states.pop("model")
+        with staging_removed_on_error(folder), writing("writing the model files (the Trainer's _save)"):
+            model_files(str(tmp)) if weights is None else model_files(str(tmp), state_dict=weights)
     state = objects["trainer_state"]
     stateful = [cb for cb in [*objects["callbacks"].callbacks, objects["control"]] if isinstance(cb, ExportableState)]
     state.stateful_callbacks = TrainerState(stateful_callbacks=stateful).stateful_callbacks
@@ -101,7 +107,9 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     if args.should_save:
         logger.info(f"Saving model checkpoint to {folder}")
         if writer is not None:
-            if _weights_from_state_dict(unwrapped):
+            if "model" not in states:  # written by the Trainer's _save already
+                pass
+            elif _weights_from_state_dict(unwrapped):
                 if states["model"] is None:
                     states["model"] = unwrapped.state_dict()
             else:  # written from the live model, now (adapters are small); the snapshot needs no weights
