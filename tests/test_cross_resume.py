@@ -6,6 +6,8 @@ optimizer.pt (same parameter-group order), scheduler.pt, rng_state.pth (transfor
 state as an array, cadence as a list: each loads the other's), trainer_state.json.
 """
 
+import dataclasses
+import logging
 import os
 
 import pytest
@@ -120,3 +122,28 @@ def test_a_wrong_data_position_would_be_caught(tmp_path, hf_full):
     trainer = cadence.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=pad_collate)
     trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
     assert weight_gap(trainer.model.state_dict(), hf_full[0]) > 100 * WEIGHT_ATOL
+
+
+@dataclasses.dataclass
+class LibraryArgs(transformers.TrainingArguments):
+    """A library's arguments (TRL's configs, SentenceTransformerTrainingArguments): transformers pickles this class,
+    which lives outside transformers, into every checkpoint's training_args.bin."""
+
+    library_option: int = 1
+
+
+def test_cadence_resumes_a_transformers_checkpoint_of_a_library_arguments_class(tmp_path, hf_full, caplog):
+    """cadence refused such a checkpoint as unsafe, telling the user to use one written by transformers, which wrote
+    it. Now training_args.bin is skipped (never unpickled: one log line says so) and the run ends where
+    transformers' unbroken run ends."""
+    out = str(tmp_path / "run")
+    args = LibraryArgs(output_dir=out, save_strategy="steps", save_steps=4, **COMMON)
+    transformers.Trainer(model=gpt2(hf_full[2]), args=args, train_dataset=LMDataset(44), data_collator=pad_collate,
+                         callbacks=[stop_at(transformers, 4)]).train()
+    ckpt = os.path.join(out, "checkpoint-4")
+    with caplog.at_level(logging.INFO, logger="cadence"):
+        trainer = run(cadence, out, resume=ckpt, save_steps=4, dropout=hf_full[2])
+    assert trainer.state.global_step == 12
+    assert_same_weights(trainer.model.state_dict(), hf_full[0])
+    skipped = [r.getMessage() for r in caplog.records if "training_args.bin pickles" in r.getMessage()]
+    assert len(skipped) == 1 and "LibraryArgs" in skipped[0] and "not unpickled" in skipped[0], skipped

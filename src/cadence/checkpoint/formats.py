@@ -239,10 +239,10 @@ _HF_ARGS_PACKAGES = ("transformers", "accelerate")  # what transformers' pickled
 def load_training_args(folder: str | os.PathLike) -> dict | None:
     """The arguments a checkpoint was written with, as a dict, or None when it has none readable.
 
-    cadence stores a plain dict in ``training_args.bin`` (and ``training_args.json``);
-    transformers pickles its ``TrainingArguments`` object there, which is never unpickled: a file
-    whose every non-plain name lives in ``transformers`` or ``accelerate`` is taken for that and
-    skipped (not needed to resume); any other is refused.
+    cadence stores a plain dict in ``training_args.bin`` (and ``training_args.json``); transformers pickles its
+    ``TrainingArguments`` object there, and libraries their subclass of it (TRL's configs,
+    ``SentenceTransformerTrainingArguments``). Such a file is never unpickled (that could run code) and never
+    blocks a resume, which does not need it: it is skipped, with one log line naming what it pickles.
     """
     folder = Path(folder)
     path = folder / TRAINING_ARGS_NAME
@@ -252,9 +252,12 @@ def load_training_args(folder: str | os.PathLike) -> dict | None:
             return dict(loaded) if isinstance(loaded, dict) else None
         except UnsafeCheckpointError:
             names = unsafe_globals(path)
-            if not names or not all(n.split(".")[0] in _HF_ARGS_PACKAGES for n in names):
-                raise
-            logger.info("%s holds transformers' TrainingArguments object: not unpickled (not needed to resume)", path)
+            if names and all(n.split(".")[0] in _HF_ARGS_PACKAGES for n in names):
+                logger.info("%s holds transformers' TrainingArguments object: not unpickled (not needed to resume)", path)
+            else:  # a library's arguments class, or anything else: read by name only, never run
+                logger.warning("%s pickles %s, not only transformers' TrainingArguments: not unpickled (unpickling "
+                               "could run code) and skipped, as a resume does not need it", path,
+                               ", ".join(names) or "objects")
     json_path = folder / TRAINING_ARGS_JSON
     return json.loads(json_path.read_text()) if json_path.exists() else None
 
