@@ -421,3 +421,17 @@ def test_two_argument_save_checkpoint_and_optimizer_load_overrides_are_honoured(
     assert calls == [("load", "checkpoint-2"), ("save", 4)]
     for (name, a), b in zip(unbroken.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["rloo", "grpo"])
+def test_repeat_sampler_trainers_on_two_processes_match_transformers(case, tmp_path):
+    """RLOO and GRPO deal prompts with TRL's RepeatSampler, their own _get_train_sampler. cadence handed it to the
+    DataLoader unsharded: on 2 processes every rank trained on every prompt and the run ended at half its epochs.
+    Now each rank gets the batches accelerate deals it, as on transformers. float64, so that only reduction order
+    (~1e-15) can differ; 1e-5 is the issue's bound."""
+    ours = run_worker(f"{case}_fp64", True, str(tmp_path / "c"), "--batch", "2", nproc=2)
+    theirs = run_worker(f"{case}_fp64", False, str(tmp_path / "h"), "--batch", "2", nproc=2)
+    compare(theirs, ours, tol=1e-5)
+    epochs = lambda r: [v for _, k, v in r["losses"] if k == "epoch"]  # noqa: E731
+    assert epochs(ours) == pytest.approx(epochs(theirs)) and epochs(ours)
