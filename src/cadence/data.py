@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from .backend import process_group_size_and_rank
+from .backend import process_group_size_and_rank, shard_batch_sampler
 from .trainer_utils import RemoveColumnsCollator, check_columns, has_length, seed_worker
 
 logger = logging.getLogger(__name__)
@@ -1058,8 +1058,6 @@ def shard_sampler(sampler: Sampler, batch_size: int, drop_last: bool, rank: int,
     data-parallel rank's batches, dealt as accelerate deals a transformers Trainer's: the sampler's indices cut
     into batches of ``batch_size``, rank ``r`` taking batches ``r, r + world_size, ...`` (``BatchSamplerShard``).
     Its ``set_epoch`` is still called each epoch (:func:`set_epoch`); a resume reads the trained batches again."""
-    from .backend import shard_batch_sampler
-
     batches = torch.utils.data.BatchSampler(sampler, batch_size, drop_last)
     return shard_batch_sampler(batches, world_size, rank, even_batches)
 
