@@ -54,7 +54,8 @@ def model(tok, kind: str = "causal", seed: int = 0):
 def saved(tok, out_dir: str) -> str:
     """The initial model in a folder: trainers that build a reference model (DPO without one, RLOO, KTO) load it
     from the policy's path."""
-    folder = os.path.join(out_dir, "initial_model")
+    # one folder a process: under torchrun, another rank must not read it half-written (the models are equal)
+    folder = os.path.join(out_dir, f"initial_model_{os.environ.get('RANK', '0')}")
     model(tok).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
