@@ -53,11 +53,17 @@ def model(tok, kind: str = "causal", seed: int = 0):
 
 def saved(tok, out_dir: str) -> str:
     """The initial model in a folder: trainers that build a reference model (DPO without one, RLOO, KTO) load it
-    from the policy's path."""
-    # one folder a process: under torchrun, another rank must not read it half-written (the models are equal)
-    folder = os.path.join(out_dir, f"initial_model_{os.environ.get('RANK', '0')}")
-    model(tok).save_pretrained(folder)
-    tok.save_pretrained(folder)
+    from the policy's path. Under torchrun the first process writes it (save_pretrained writes no config on the
+    others) and the others wait for it, so none reads it half-written."""
+    import torch
+
+    folder = os.path.join(out_dir, "initial_model")
+    group = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not group or torch.distributed.get_rank() == 0:
+        model(tok).save_pretrained(folder)
+        tok.save_pretrained(folder)
+    if group:
+        torch.distributed.barrier()
     return folder
 
 
