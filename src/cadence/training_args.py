@@ -484,7 +484,8 @@ class TrainingArguments:
     )
     save_steps: float = field(
         default=500,
-        metadata=_help("Save every this many steps with save_strategy='steps'; a fraction in (0, 1) is a share."),
+        metadata=_help("Save every this many steps with save_strategy='steps'; a fraction in (0, 1) is a share; 0 saves "
+                       "only when training ends."),
     )
     save_on_each_node: bool = field(
         default=False,
@@ -1557,11 +1558,14 @@ def _check_choices(args: TrainingArguments) -> None:
 
 
 def _check_step_intervals(args: TrainingArguments) -> None:
-    """With a "steps" strategy the interval is a whole number of steps >= 1 or a ratio in (0, 1)."""
+    """With a "steps" strategy the interval is a whole number of steps >= 1 or a ratio in (0, 1); save_steps=0 is
+    accepted too, as in transformers."""
     for strategy, name in _STEP_INTERVALS:
         if getattr(args, strategy) != IntervalStrategy.STEPS:
             continue
         value = getattr(args, name)
+        if name == "save_steps" and _is_number(value) and value == 0:
+            continue  # transformers accepts it: no save during training, one when training ends
         if not (_is_number(value) and value > 0 and (value < 1 or float(value).is_integer())):
             raise _invalid(
                 name,
@@ -1608,6 +1612,8 @@ def _check_best_model_strategies(args: TrainingArguments) -> None:
 
 
 def _is_multiple(save_steps: float, eval_steps: float) -> bool:
+    if save_steps == 0:
+        return True  # saves only at the end, which evaluates too (transformers: 0 % eval_steps == 0)
     if (save_steps < 1) != (eval_steps < 1):
         return False  # a ratio and a step count: no multiple can be guaranteed
     # Ratios compared in millionths, so that 0.3 counts as a multiple of 0.1 despite float error.
