@@ -151,3 +151,23 @@ def test_an_unfiltered_spike_is_logged_and_the_next_interval_is_clean(tmp_path):
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert math.isinf(losses[1]) and all(math.isfinite(v) for v in losses[:1] + losses[2:])
     assert math.isinf(result.training_loss)
+
+
+# ------------------------------------------------------------------------------ bf16 without a GPU
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is about machines without a GPU")
+@pytest.mark.parametrize("flag", ["bf16", "bf16_full_eval"])
+def test_bf16_without_a_gpu_needs_use_cpu_as_in_transformers(tmp_path, flag):
+    """TRL's configs default to bf16=True: on a machine without a GPU transformers refuses the arguments and asks for
+    use_cpu; cadence refuses the same arguments (it trained in bfloat16 on the CPU unasked) and names both fixes.
+    With use_cpu=True both accept and train in bfloat16 on the CPU (the same losses:
+    test_precision.test_same_run_as_transformers)."""
+    with pytest.raises(ValueError, match="use_cpu"):
+        make_args(tmp_path, transformers, **{flag: True})
+    with pytest.raises(ValueError) as ours:
+        make_args(tmp_path, cadence, **{flag: True})
+    message = str(ours.value)
+    assert message.startswith(f"{flag}=True is invalid") and "no GPU" in message
+    assert "use_cpu=True" in message and f"{flag}=False" in message
+    for lib in LIBS:
+        assert getattr(make_args(tmp_path, lib, use_cpu=True, **{flag: True}), flag) is True
+    assert getattr(make_args(tmp_path, cadence, no_cuda=True, **{flag: True}), flag) is True  # 4.x name of use_cpu

@@ -893,6 +893,12 @@ def accelerator_available() -> bool:
     return torch.cuda.is_available()
 
 
+def bf16_gpu_available() -> bool:
+    """Whether the GPU a process trains on without ``use_cpu`` computes in bfloat16 (transformers' test: a CUDA GPU
+    whose torch says it supports bfloat16)."""
+    return accelerator_available() and torch.cuda.is_bf16_supported()
+
+
 def default_device(use_cpu: bool = False, local_process_index: int = 0) -> torch.device:
     """The device of one process (``TrainingArguments.device``; a single-process ``Backend`` runs on it, and
     accelerate picks the same one for each of several): ``cpu`` with ``use_cpu`` or without a GPU, else

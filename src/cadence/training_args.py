@@ -14,6 +14,7 @@ Every ValueError names the field, the bad value and the fix. Nothing is silently
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import dataclasses
@@ -105,14 +106,14 @@ def _default_optim() -> str:
 
 
 # Level names accepted by log_level / log_level_replica; "passive" (-1) keeps the current level.
-_LOG_LEVELS = {
-    "passive": -1,
+_LOG_LEVELS = {  # in transformers' order, which --help shows
     "detail": logging.DEBUG,
     "debug": logging.DEBUG,
     "info": logging.INFO,
     "warning": logging.WARNING,
     "error": logging.ERROR,
     "critical": logging.CRITICAL,
+    "passive": -1,
 }
 
 
@@ -123,6 +124,12 @@ _NOT_BUILT = " Not built in cadence: setting it raises a ValueError."
 def _help(text: str, **argparse_options: Any) -> dict[str, Any]:
     # Only argparse keywords may go in the metadata: HfArgumentParser passes it to add_argument.
     return {"help": text, **argparse_options}
+
+
+def _help_4x(text: str, **argparse_options: Any) -> dict[str, Any]:
+    # A transformers 4.x spelling: still accepted on a command line, but left out of --help, which lists the options
+    # of transformers 5 as its own --help does. `text` says what the field does, for readers of this module.
+    return {"help": argparse.SUPPRESS, **argparse_options}
 
 
 @dataclass
@@ -401,11 +408,13 @@ class TrainingArguments:
     log_level: str = field(
         default="passive",
         metadata=_help(
-            "Log level of the main process: debug, info, warning, error, critical, or passive (leave as set)."
+            "Log level of the main process: debug, info, warning, error, critical, or passive (leave as set).",
+            choices=list(_LOG_LEVELS),
         ),
     )
     log_level_replica: str = field(
-        default="warning", metadata=_help("Log level of the other processes; same names as log_level.")
+        default="warning",
+        metadata=_help("Log level of the other processes; same names as log_level.", choices=list(_LOG_LEVELS)),
     )
     disable_tqdm: bool | None = field(
         default=None, metadata=_help("Hide progress bars. None: hide them when cadence's log level is above warning.")
@@ -580,7 +589,9 @@ class TrainingArguments:
         default=None, metadata=_help("Batches each worker loads ahead; needs dataloader_num_workers > 0.")
     )
     dataloader_multiprocessing_context: str | None = field(
-        default=None, metadata=_help("Start method of data workers: 'fork', 'spawn' or 'forkserver'. None: default.")
+        default=None,
+        metadata=_help("Start method of data workers: 'fork', 'spawn' or 'forkserver'. None: default.",
+                       choices=["fork", "spawn", "forkserver"]),
     )
     dataloader_in_order: bool = field(
         default=True, metadata=_help("Yield batches in sampler order (False: as soon as any worker has one).")
@@ -614,7 +625,9 @@ class TrainingArguments:
     )
     ddp_static_graph: bool | None = field(default=None, metadata=_help("DDP's static_graph option."))
     ddp_backend: str | None = field(
-        default=None, metadata=_help("torch.distributed backend, e.g. 'nccl' or 'gloo'. None: the device's default.")
+        default=None,
+        metadata=_help("torch.distributed backend, e.g. 'nccl' or 'gloo'. None: the device's default.",
+                       choices=["nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl"]),  # transformers' list
     )
     ddp_timeout: int = field(default=1800, metadata=_help("Seconds before a collective operation times out."))
 
@@ -669,25 +682,25 @@ class TrainingArguments:
         default=-1, metadata=_help("Set by old launchers; read local_process_index instead.")
     )
 
-    # --- transformers 4.x spellings: resolved into their 5.x names, absent from to_dict() ---
+    # --- transformers 4.x spellings: resolved into their 5.x names, absent from to_dict() and from --help ---
     evaluation_strategy: IntervalStrategy | str | None = field(
-        default=None, metadata=_help("4.x name of eval_strategy.")
+        default=None, metadata=_help_4x("4.x name of eval_strategy.")
     )
     warmup_ratio: float | None = field(
-        default=None, metadata=_help("4.x spelling: a fraction in [0, 1) of the total steps, stored in warmup_steps.")
+        default=None, metadata=_help_4x("4.x spelling: a fraction in [0, 1) of the total steps, stored in warmup_steps.")
     )
     group_by_length: bool | None = field(
         default=None,
-        metadata=_help("4.x spelling of train_sampling_strategy='group_by_length'.", nargs="?", const=True),
+        metadata=_help_4x("4.x spelling of train_sampling_strategy='group_by_length'.", nargs="?", const=True),
     )
-    no_cuda: bool | None = field(default=None, metadata=_help("4.x name of use_cpu.", nargs="?", const=True))
+    no_cuda: bool | None = field(default=None, metadata=_help_4x("4.x name of use_cpu.", nargs="?", const=True))
     include_inputs_for_metrics: bool | None = field(
         default=None,
-        metadata=_help("4.x spelling of include_for_metrics=['inputs'].", nargs="?", const=True),
+        metadata=_help_4x("4.x spelling of include_for_metrics=['inputs'].", nargs="?", const=True),
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata=_help(
+        metadata=_help_4x(
             "4.x option (HF 5 dropped it): a new run (no resume_from_checkpoint) into an output_dir holding an "
             "earlier run's checkpoint-N folders keeps them (warned; this run's rotation leaves them alone) unless "
             "this is True, which deletes them and the earlier run's trainer_state.json/log_history.jsonl first."
@@ -695,12 +708,12 @@ class TrainingArguments:
     )
     save_safetensors: bool | None = field(
         default=True,
-        metadata=_help("4.x option: True is accepted; False is refused because cadence always writes safetensors."),
+        metadata=_help_4x("4.x option: True is accepted; False is refused because cadence always writes safetensors."),
     )
-    # --- transformers 4.x field kept as a real field (in to_dict) ---
+    # --- transformers 4.x field kept as a real field (in to_dict; hidden from --help too) ---
     logging_dir: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=_help_4x(
             "Folder for TensorBoard event files. None: the TensorBoard callback picks $TENSORBOARD_LOGGING_DIR or "
             "output_dir/runs/<time>_<host> when it starts."
         ),
@@ -740,6 +753,7 @@ class TrainingArguments:
         _check_step_intervals(self)
         # 5. Combinations.
         _check_one_precision(self)
+        _check_bf16_device(self)
         _check_debug(self)
         _check_best_model_strategies(self)
         _check_scheduler_needs_eval(self)
@@ -1583,6 +1597,25 @@ def _check_one_precision(args: TrainingArguments) -> None:
             raise ValueError(
                 f"{a}=True together with {b}=True is invalid: only one half-precision type can be used; keep one"
             )
+
+
+def _check_bf16_device(args: TrainingArguments) -> None:
+    """transformers' rule: bf16 without use_cpu needs a GPU that computes in bfloat16. Without one it would run
+    bfloat16 autocast on the CPU unasked (TRL's configs default to bf16=True), so it is refused before training."""
+    name = "bf16" if args.bf16 else "bf16_full_eval" if args.bf16_full_eval else None
+    if name is None or args.use_cpu:
+        return
+    from .backend import accelerator_available, bf16_gpu_available  # only then: this module stays light to import
+
+    if bf16_gpu_available():
+        return
+    where = ("this GPU does not compute in bfloat16 (it needs an Ampere or newer GPU)" if accelerator_available()
+             else "this machine has no GPU")
+    raise ValueError(
+        f"{name}=True is invalid without use_cpu=True here: {where}, and bfloat16 on the CPU is used only when asked "
+        f"for (as in transformers); pass use_cpu=True to train in bfloat16 on the CPU, or {name}=False for float32 "
+        f"(TRL's configs default to bf16=True)"
+    )
 
 
 def _check_debug(args: TrainingArguments) -> None:
