@@ -4,6 +4,7 @@ logging_nan_inf_filter=False logging the non-finite loss as it is."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -171,3 +172,31 @@ def test_bf16_without_a_gpu_needs_use_cpu_as_in_transformers(tmp_path, flag):
     for lib in LIBS:
         assert getattr(make_args(tmp_path, lib, use_cpu=True, **{flag: True}), flag) is True
     assert getattr(make_args(tmp_path, cadence, no_cuda=True, **{flag: True}), flag) is True  # 4.x name of use_cpu
+
+
+# ------------------------------------------------------------------------------ the arguments back from a checkpoint
+def test_the_arguments_come_back_from_a_checkpoint(tmp_path):
+    """transformers' training_args.bin unpickles to its TrainingArguments object (weights_only=False: code can run);
+    cadence's holds the plain to_dict(), and TrainingArguments.from_checkpoint builds the object back, equal to
+    the run's own arguments and, field by field, to what transformers' file gives back."""
+    options = dict(max_steps=2, save_strategy="steps", save_steps=2, learning_rate=3e-3, warmup_steps=0.25,
+                   lr_scheduler_type="cosine", lr_scheduler_kwargs={"num_cycles": 0.25}, weight_decay=0.01,
+                   eval_strategy="steps", eval_steps=1, per_device_train_batch_size=4, logging_steps=1, use_cpu=True,
+                   accelerator_config={"non_blocking": True}, label_names=["labels"], seed=11, hub_token="secret")
+    restored = {}
+    for lib in LIBS:
+        args = make_args(tmp_path / lib.__name__, lib, **options)
+        lib.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(8), eval_dataset=RegressionDataset(4)).train()
+        folder = tmp_path / lib.__name__ / "checkpoint-2"
+        if lib is cadence:
+            assert isinstance(torch.load(folder / "training_args.bin", weights_only=True), dict)  # safe to read
+            restored[lib] = cadence.TrainingArguments.from_checkpoint(folder)
+            assert restored[lib] == dataclasses.replace(args, hub_token=None)  # the run's own arguments
+            assert restored[lib].hub_token is None  # never written
+        else:
+            restored[lib] = torch.load(folder / "training_args.bin", weights_only=False)
+            with pytest.raises(ValueError, match="pickled object"):
+                cadence.TrainingArguments.from_checkpoint(folder)  # never unpickled
+    ours, theirs = restored[cadence].to_dict(), restored[transformers].to_dict()
+    differ = {k: (ours[k], theirs[k]) for k in theirs if k in ours and ours[k] != theirs[k] and k != "output_dir"}
+    assert differ == {}, differ

@@ -1038,6 +1038,52 @@ class TrainingArguments:
             d[name] = f"<{name.upper()}>"  # whether a token exists
         return d
 
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str | os.PathLike) -> TrainingArguments:
+        """The arguments a checkpoint (or a ``save_model`` folder) was written with, as an object of this class.
+
+        transformers pickles its ``TrainingArguments`` object into ``training_args.bin``, and
+        ``torch.load(path, weights_only=False)`` gives it back, running whatever code a crafted file holds. cadence
+        writes the plain ``to_dict()`` there instead (and in ``training_args.json``): ``torch.load`` of it gives a
+        dict, safe to read; this method builds the object from it, checked as the constructor checks it.
+        Access tokens are never written (``to_dict()`` masks them), so they come back as None.
+
+        Args:
+            checkpoint: a ``checkpoint-N`` folder, or any folder holding cadence's ``training_args.bin`` or
+                ``training_args.json``.
+
+        Returns:
+            The arguments, equal to those of the run that wrote the folder (tokens aside). Call it on a subclass
+            (e.g. ``Seq2SeqTrainingArguments`` or a TRL config) for its own fields.
+
+        Raises:
+            ValueError: the folder holds no arguments cadence can read (none, or transformers' pickled object,
+                which cadence never unpickles).
+
+        Example:
+            >>> args = TrainingArguments.from_checkpoint("out/checkpoint-500")
+            >>> args.learning_rate
+            5e-05
+        """
+        from .checkpoint.formats import load_training_args  # only here: reading files is not this module's job
+
+        saved = load_training_args(checkpoint)
+        if saved is None:
+            raise ValueError(
+                f"checkpoint={os.fspath(checkpoint)!r} holds no arguments cadence can read: it needs cadence's "
+                f"training_args.bin or training_args.json (a transformers checkpoint's training_args.bin is a pickled "
+                f"object, never unpickled here; only if you trust the file, torch.load(path, weights_only=False) "
+                f"reads it)"
+            )
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(saved) - fields)
+        if unknown:  # written by another class or version: its own options cannot be set here
+            logger.warning("%s: options %s are not fields of %s; left out", os.fspath(checkpoint), unknown, cls.__name__)
+        for name in _token_fields(cls):
+            if saved.get(name) == f"<{name.upper()}>":
+                saved[name] = None  # masked when written
+        return cls(**{k: v for k, v in saved.items() if k in fields})
+
     def to_json_string(self) -> str:
         """`to_dict()` as indented JSON."""
         return json.dumps(self.to_dict(), indent=2)
