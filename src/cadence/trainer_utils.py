@@ -620,8 +620,13 @@ def check_columns(columns: list[str], accepted: set[str], model_name: str, descr
             f"accepts {sorted(accepted)}; rename the columns to the model's argument names, or set "
             "remove_unused_columns=False to pass them as they are"
         )
-    if dropped:
-        (log or logger).info("columns%s not accepted by %s.forward, removed: %s", where, model_name, ", ".join(dropped))
+    if dropped:  # transformers' words, as one formatted string: tests and log filters match the message
+        names, in_set = ", ".join(dropped), f"in the {description} set" if description else ""
+        (log or logger).info(
+            f"The following columns {in_set} don't have a corresponding argument in `{model_name}.forward` and have "
+            f"been ignored: {names}. If {names} are not expected by `{model_name}.forward`,  you can safely ignore "
+            "this message."
+        )
     return dropped
 
 
