@@ -320,7 +320,7 @@ def test_the_unused_columns_are_logged_as_transformers_logs_them(tmp_path, caplo
     (ours,), (theirs,) = records[cadence], records[transformers]
     assert ours.levelno == theirs.levelno == logging.INFO
     assert ours.getMessage() == theirs.getMessage() == (
-        "The following columns in the training set don't have a corresponding argument in `RegressionModel.forward` "
+        "The following columns in the Training set don't have a corresponding argument in `RegressionModel.forward` "
         "and have been ignored: idx. If idx are not expected by `RegressionModel.forward`,  you can safely ignore "
         "this message.")
     assert ours.msg == ours.getMessage() and not ours.args  # one formatted string, as transformers logs it

@@ -155,7 +155,7 @@ def test_hf_dataset_columns_removed_with_column_api(out_dir, caplog):
         loader = trainer.get_train_dataloader()
     assert loader.dataset.column_names == ["label", "input_ids", "attention_mask"]
     assert ds.column_names == ["text", "label", "idx", "input_ids", "attention_mask"]  # the user's dataset is untouched
-    assert ("The following columns in the training set don't have a corresponding argument in "
+    assert ("The following columns in the Training set don't have a corresponding argument in "
             "`ClassifierModel.forward` and have been ignored: text, idx." in caplog.text)
     assert set(next(iter(loader))) == {"input_ids", "attention_mask", "labels"}
 
