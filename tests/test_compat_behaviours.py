@@ -324,3 +324,48 @@ def test_the_unused_columns_are_logged_as_transformers_logs_them(tmp_path, caplo
         "and have been ignored: idx. If idx are not expected by `RegressionModel.forward`,  you can safely ignore "
         "this message.")
     assert ours.msg == ours.getMessage() and not ours.args  # one formatted string, as transformers logs it
+
+
+# ------------------------------------------------------------------------------ log_level of one Trainer, and the next
+def test_a_trainers_log_level_and_a_verbosity_reset_act_as_in_transformers(tmp_path, monkeypatch):
+    """transformers' Trainer sets transformers' verbosity from log_level: a later Trainer with the default "passive"
+    keeps it (measured: ERROR stays ERROR), and transformers.logging.set_verbosity_info() makes the next Trainer log
+    again. cadence's loggers follow the same steps (they stayed at ERROR past the reset). Each library's header line
+    is counted at each step, from a handler on its own logger tree."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from cadence import training_args
+
+    monkeypatch.setattr(training_args, "_transformers_verbosity_seen", training_args._transformers_verbosity_seen)
+    previous = hf_logging.get_verbosity(), logging.getLogger("cadence").level
+    seen = {lib: [] for lib in LIBS}
+    handlers = {}
+    for lib in LIBS:
+        handlers[lib] = logging.Handler()
+        handlers[lib].emit = seen[lib].append
+        logging.getLogger(lib.__name__).addHandler(handlers[lib])
+
+    def headers(lib, step, **options):
+        seen[lib].clear()
+        args = make_args(tmp_path / f"{lib.__name__}{step}", lib, use_cpu=True, max_steps=1, **options)
+        lib.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(8)).train()
+        return sum(r.getMessage() == "***** Running training *****" for r in seen[lib])
+
+    try:
+        counts = {}
+        for lib in LIBS:
+            hf_logging.set_verbosity_info()
+            counts[lib] = [headers(lib, 0, log_level="error"), headers(lib, 1)]  # ERROR, then "passive" keeps it
+            hf_logging.set_verbosity_info()  # the reset
+            counts[lib] += [headers(lib, 2), headers(lib, 3, log_level="info")]
+            hf_logging.set_verbosity_warning()
+            counts[lib].append(headers(lib, 4, log_level="error"))
+        assert counts[transformers] == [0, 0, 1, 1, 0]
+        assert counts[cadence] == counts[transformers]
+    finally:
+        for lib in LIBS:
+            logging.getLogger(lib.__name__).removeHandler(handlers[lib])
+        hf_logging.set_verbosity(previous[0])
+        logging.getLogger("cadence").setLevel(previous[1])

@@ -61,7 +61,7 @@ from .trainer_utils import (
     set_seed,
     speed_metrics,
 )
-from .training_args import TrainingArguments
+from .training_args import TrainingArguments, set_process_log_level
 
 logger = logging.getLogger(__name__)
 
@@ -213,9 +213,7 @@ class Trainer:
     # ------------------------------------------------------------------ construction
 
     def _set_log_level(self) -> None:
-        level = self.args.get_process_log_level()
-        if level is not None:
-            logging.getLogger("cadence").setLevel(level)
+        set_process_log_level(self.args)  # cadence's loggers, and transformers' when loaded, as transformers does
 
     def _validate_setup(self) -> None:
         """Every check that can fail before the first step, with the fix in the message."""

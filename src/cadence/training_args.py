@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,6 +116,48 @@ _LOG_LEVELS = {  # in transformers' order, which --help shows
     "critical": logging.CRITICAL,
     "passive": -1,
 }
+
+
+# transformers' verbosity as cadence last saw it (its default, then what a Trainer's log_level set or "passive"
+# followed). A change since, by transformers.logging.set_verbosity_*(), is the current level "passive" keeps: a
+# script's transformers verbosity reaches cadence's loggers as it reaches transformers' Trainer.
+_transformers_verbosity_seen = logging.WARNING
+
+
+def _transformers_logging():
+    return sys.modules.get("transformers.utils.logging")  # only when the user loaded it: no import here
+
+
+def _current_log_level() -> int:
+    """The level "passive" keeps: the ``cadence`` logger's, or transformers' verbosity where a script changed it."""
+    own = logging.getLogger("cadence").getEffectiveLevel()
+    hf = _transformers_logging()
+    if hf is None or hf.get_verbosity() == _transformers_verbosity_seen:
+        return own
+    return hf.get_verbosity()
+
+
+def set_process_log_level(args: TrainingArguments) -> None:
+    """What transformers' Trainer does with ``log_level`` when it is built: this process's level
+    (``args.get_process_log_level()``) on cadence's logger tree, and on transformers' when transformers is loaded (its
+    verbosity, as transformers' Trainer sets it). ``transformers.logging.set_verbosity_*()`` afterwards reaches
+    cadence's loggers at the next Trainer, as it reaches transformers' (a later Trainer with ``log_level="passive"``
+    keeps the level, as in transformers).
+
+    Example:
+        >>> set_process_log_level(TrainingArguments("out", log_level="error"))
+        >>> logging.getLogger("cadence").level == logging.ERROR
+        True
+    """
+    global _transformers_verbosity_seen
+    level = args.get_process_log_level()
+    logging.getLogger("cadence").setLevel(level)
+    hf = _transformers_logging()
+    if hf is not None:
+        named = _LOG_LEVELS[args.log_level if args.should_log else args.log_level_replica] != -1
+        if named:
+            hf.set_verbosity(level)
+        _transformers_verbosity_seen = hf.get_verbosity()
 
 
 # The help text's end for a field whose feature is in _NOT_YET_BUILT (a value other than the default is refused).
@@ -850,11 +893,12 @@ class TrainingArguments:
         """The logging level for this process: log_level where should_log, else log_level_replica.
 
         Returns:
-            A `logging` level number; "passive" gives the current effective level of the `cadence`
-            logger (WARNING unless the application changed it).
+            A `logging` level number; "passive" gives the current level: the `cadence` logger's effective level
+            (WARNING unless the application changed it), or transformers' verbosity when
+            `transformers.logging.set_verbosity_*()` changed it since cadence last set or read it.
         """
         level = _LOG_LEVELS[self.log_level if self.should_log else self.log_level_replica]
-        return logging.getLogger("cadence").getEffectiveLevel() if level == -1 else level
+        return _current_log_level() if level == -1 else level
 
     def get_warmup_steps(self, num_training_steps: int) -> int:
         """Warmup length in optimizer steps.
