@@ -181,7 +181,8 @@ class TinyLM(nn.Module):
 
 def args(name, **kw):
     base = dict(output_dir=f"{OUT}/{name}", disable_tqdm=True, save_strategy="no", report_to="none", max_steps=20,
-                per_device_train_batch_size=8, logging_steps=1, learning_rate=3e-3, seed=1)
+                per_device_train_batch_size=8, logging_steps=1, learning_rate=3e-3, seed=1,
+                use_cpu=not torch.cuda.is_available())  # the dry run: bf16 on a CPU is asked for, as transformers wants
     base.update(kw)
     return TrainingArguments(**base)
 

@@ -366,6 +366,10 @@ ROWS = [
     arg_row("save_safetensors", False, "False"),
     arg_row("dataloader_prefetch_factor", 2, "dataloader_num_workers=0"),
     arg_row("bf16", True, "fp16=True", fp16=True),
+    # bf16 on a machine without a GPU: refused as transformers refuses it, naming both fixes (test_compat_behaviours)
+    *([] if torch.cuda.is_available() else [
+        Row(f"args-{flag}=True-without-a-gpu", lambda out, flag=flag: args(out, **{flag: True}), ValueError,
+            (flag, "use_cpu=True", f"{flag}=False")) for flag in ("bf16", "bf16_full_eval")]),
     arg_row("evaluation_strategy", "steps", "eval_strategy='epoch'", eval_strategy="epoch"),
     arg_row("lr_scheduler_type", "reduce_lr_on_plateau", "eval_strategy='no'"),
     arg_row("load_best_model_at_end", True, "save_strategy='no'", eval_strategy="steps"),

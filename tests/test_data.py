@@ -143,7 +143,7 @@ def test_dict_dataset_columns_removed_in_collator_with_log(out_dir, caplog):
     with caplog.at_level(logging.INFO, logger="cadence"):
         batch = next(iter(trainer.get_train_dataloader()))
     assert set(batch) == {"input_ids", "attention_mask", "labels"}
-    assert "removed: text, idx" in caplog.text
+    assert "have been ignored: text, idx." in caplog.text
 
 
 def test_hf_dataset_columns_removed_with_column_api(out_dir, caplog):
@@ -155,7 +155,8 @@ def test_hf_dataset_columns_removed_with_column_api(out_dir, caplog):
         loader = trainer.get_train_dataloader()
     assert loader.dataset.column_names == ["label", "input_ids", "attention_mask"]
     assert ds.column_names == ["text", "label", "idx", "input_ids", "attention_mask"]  # the user's dataset is untouched
-    assert "training dataset not accepted by ClassifierModel.forward, removed: text, idx" in caplog.text
+    assert ("The following columns in the Training set don't have a corresponding argument in "
+            "`ClassifierModel.forward` and have been ignored: text, idx." in caplog.text)
     assert set(next(iter(loader))) == {"input_ids", "attention_mask", "labels"}
 
 

@@ -401,3 +401,16 @@ def test_a_subclasss_sampler_resumes_inside_an_epoch_like_an_unbroken_run(tmp_pa
     theirs.train()
     for name, w in weights(theirs).items():  # the same order of samples as transformers
         assert torch.allclose(unbroken[name], w, atol=1e-5, rtol=0), name
+
+
+# --- save_steps=0 with save_strategy="steps": accepted, one save when training ends --------------------------------
+@pytest.mark.parametrize("extra", [{}, {"load_best_model_at_end": True, "eval_strategy": "steps", "eval_steps": 4}],
+                         ids=["plain", "best-model"])
+def test_save_steps_zero_saves_only_at_the_end_as_in_transformers(tmp_path, extra):
+    kw = dict(save_strategy="steps", save_steps=0, **extra)
+    eval_dataset = RegressionDataset(8) if extra else None
+    fit(transformers, tmp_path / "h", eval_dataset=eval_dataset, **kw)
+    fit(cadence, tmp_path / "c", eval_dataset=eval_dataset, **kw)
+    theirs = sorted(n for n in os.listdir(tmp_path / "h") if n.startswith("checkpoint-"))
+    assert theirs == ["checkpoint-12"]  # 24 rows / 4 = 6 steps x 2 epochs: only the last step saves
+    assert sorted(n for n in os.listdir(tmp_path / "c") if n.startswith("checkpoint-")) == theirs

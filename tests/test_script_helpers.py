@@ -137,7 +137,6 @@ def test_training_and_evaluation_log_the_lines_transformers_logs(tmp_path, caplo
 
 
 @pytest.mark.parametrize("method, args", [("create_accelerator_and_postprocess", ()),
-                                          ("set_initial_training_values", (None, None)),
                                           ("get_batch_samples", (iter([]), 1, "cpu"))])
 def test_what_cadence_does_differently_says_what_to_use(tmp_path, method, args):
     ours, _ = pair(tmp_path)

@@ -215,7 +215,7 @@ _INVALID = [
     ({"logging_steps": 12.5}, "logging_steps", 12.5),
     ({"eval_strategy": "steps", "eval_steps": -1}, "eval_steps", -1),
     ({"eval_strategy": "steps", "eval_steps": 1.5}, "eval_steps", 1.5),
-    ({"save_steps": 0}, "save_steps", 0),
+    ({"save_steps": -1}, "save_steps", -1),  # 0 saves once at the end, as in transformers (test_hf_allows.py)
     ({"save_steps": 2.5}, "save_steps", 2.5),
     ({"lr_scheduler_type": "bogus"}, "lr_scheduler_type", "bogus"),
     ({"optim": "adamw_bogus"}, "optim", "adamw_bogus"),

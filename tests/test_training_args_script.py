@@ -4,6 +4,7 @@ Every check is against transformers' own TrainingArguments given the same input.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import subprocess
@@ -83,6 +84,41 @@ def test_every_field_has_a_flag_and_help_renders():
                           "transformers.HfArgumentParser(cadence.TrainingArguments).parse_args(['--help'])"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--per_device_train_batch_size" in out.stdout
+
+
+def _options(parser):
+    """dest -> (option strings, choices) of the options --help shows."""
+    return {a.dest: (a.option_strings, list(a.choices) if a.choices is not None else None)
+            for a in parser._actions if a.help != argparse.SUPPRESS}
+
+
+def test_help_lists_transformers_options_with_their_choices():
+    """--help shows transformers 5's options with the same flags and choices (plus cadence's own async_save); the
+    4.x spellings are accepted but hidden, as transformers 5 has no such options."""
+    ours = _options(transformers.HfArgumentParser(TrainingArguments))
+    theirs = _options(transformers.HfArgumentParser(transformers.TrainingArguments))
+    assert set(ours) - set(theirs) == {"async_save"} and set(theirs) - set(ours) == set()
+    assert {dest: ours[dest] for dest in theirs} == theirs
+    for dest in ("log_level", "log_level_replica", "dataloader_multiprocessing_context", "ddp_backend"):
+        assert ours[dest][1] == theirs[dest][1] and theirs[dest][1]
+    help_text = transformers.HfArgumentParser(TrainingArguments).format_help()
+    assert "--warmup_ratio" not in help_text and "--evaluation_strategy" not in help_text
+    parsed = parse(TrainingArguments, ["--output_dir", "o", "--use_cpu", "--warmup_ratio", "0.1",
+                                       "--evaluation_strategy", "epoch", "--no_cuda"])  # still accepted
+    assert (parsed.warmup_steps, parsed.eval_strategy, parsed.use_cpu) == (0.1, "epoch", True)
+
+
+@pytest.mark.parametrize("flag, value", [("--log_level", "loud"), ("--log_level_replica", "eror"),
+                                         ("--dataloader_multiprocessing_context", "fork_server"),
+                                         ("--ddp_backend", "ncll")])
+def test_a_misspelt_choice_fails_at_parse_time_as_in_transformers(flag, value, capsys):
+    errors = []
+    for cls in (TrainingArguments, transformers.TrainingArguments):
+        with pytest.raises(SystemExit) as info:
+            parse(cls, ["--output_dir", "o", "--use_cpu", flag, value])
+        assert info.value.code == 2
+        errors.append(capsys.readouterr().err.splitlines()[-1])
+    assert errors[0] == errors[1] and f"invalid choice: '{value}'" in errors[0]
 
 
 def test_json_and_yaml_files_parse_like_the_command_line(tmp_path):

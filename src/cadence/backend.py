@@ -803,6 +803,65 @@ def require_configured_state(args: Any) -> None:
                          "accelerate state was not set up for DeepSpeed; remove use_configured_state")
 
 
+def accelerator_kwargs(args: Any, model: torch.nn.Module, **overrides: Any) -> dict[str, Any]:
+    """The keyword arguments transformers' Trainer gives accelerate's ``Accelerator`` for ``args`` and ``model``
+    (``Trainer._build_accelerator_args``, for subclasses that read or extend them). cadence's own ``Accelerator``
+    (several processes or DeepSpeed) takes only what its data loading and exact loss allow; this is transformers'
+    view, value for value.
+
+    Args:
+        args: the run's ``TrainingArguments``.
+        model: the model (transformers decides DDP's ``find_unused_parameters`` from it).
+        overrides: entries replacing the computed ``mixed_precision``, ``deepspeed_plugin``, ``dataloader_config``,
+            ``fsdp_plugin`` or ``gradient_accumulation_plugin``, as transformers' ``**kwargs``.
+
+    Returns:
+        ``mixed_precision``, ``deepspeed_plugin``, ``dataloader_config`` (accelerator_config's four loader options,
+        ``data_seed``, ``non_blocking``), ``fsdp_plugin`` (None: cadence shards with torch's ``fully_shard``
+        itself), ``gradient_accumulation_plugin`` (accelerate accumulates 1 step: the loop accumulates),
+        ``kwargs_handlers`` (DDP's options), ``dynamo_plugin`` and, when set, ``parallelism_config``.
+    """
+    from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKwargs,
+                                  GradientAccumulationPlugin, TorchDynamoPlugin)
+
+    config = args.accelerator_config
+    loader_config = DataLoaderConfiguration(split_batches=config.split_batches,
+                                            dispatch_batches=config.dispatch_batches,
+                                            even_batches=config.even_batches,
+                                            use_seedable_sampler=config.use_seedable_sampler)
+    loader_config.data_seed, loader_config.non_blocking = args.data_seed, config.non_blocking
+    accumulation = {**(config.gradient_accumulation_kwargs or {}), "num_steps": 1}  # num_steps was applied to args
+    precision = "fp16" if args.fp16 else "bf16" if args.bf16 else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    kwargs = {"mixed_precision": precision, "deepspeed_plugin": args.deepspeed_plugin,
+              "dataloader_config": loader_config, "fsdp_plugin": None,
+              "gradient_accumulation_plugin": GradientAccumulationPlugin(**accumulation), **overrides}
+    find_unused = args.ddp_find_unused_parameters
+    if find_unused is None:  # transformers' rule: a transformers model knows whether it checkpoints activations
+        hf = sys.modules.get("transformers")  # a transformers model implies the module is loaded
+        pretrained = hf is not None and isinstance(model, hf.PreTrainedModel)
+        find_unused = not (getattr(model, "is_activation_checkpointing", False) or args.activation_checkpointing) \
+            if pretrained else True
+    ddp = {"find_unused_parameters": find_unused}
+    for name, value in (("bucket_cap_mb", args.ddp_bucket_cap_mb), ("broadcast_buffers", args.ddp_broadcast_buffers),
+                        ("static_graph", args.ddp_static_graph)):
+        if value is not None:
+            ddp[name] = value
+    kwargs["kwargs_handlers"] = [DistributedDataParallelKwargs(**ddp)]
+    if args.parallelism_config is not None:
+        kwargs["parallelism_config"] = args.parallelism_config
+    tp_size = getattr(model, "tp_size", None) or 1
+    if tp_size > 1:  # sharded when loaded (tp_plan): accelerate needs the model's layout
+        from accelerate import ParallelismConfig
+
+        dp_size = model.config.distributed_config.dp_size
+        if kwargs.get("parallelism_config") is None:
+            kwargs["parallelism_config"] = ParallelismConfig(tp_size=tp_size, dp_shard_size=dp_size)
+        else:
+            kwargs["parallelism_config"].tp_size, kwargs["parallelism_config"].dp_shard_size = tp_size, dp_size
+    kwargs["dynamo_plugin"] = TorchDynamoPlugin(backend=args.torch_compile_backend, mode=args.torch_compile_mode)
+    return kwargs
+
+
 def accelerate_state(args: Any):
     """accelerate's ``AcceleratorState`` on one process, as transformers' ``Accelerator`` leaves it: libraries built on
     the Trainer call accelerate's helpers that read it (``set_seed(seed, device_specific=True)``)."""
@@ -891,6 +950,12 @@ def _apply_tf32(tf32: bool | None, device: torch.device) -> None:
 def accelerator_available() -> bool:
     """Whether a CUDA GPU is visible: the device a process trains on unless ``use_cpu`` (see :func:`default_device`)."""
     return torch.cuda.is_available()
+
+
+def bf16_gpu_available() -> bool:
+    """Whether the GPU a process trains on without ``use_cpu`` computes in bfloat16 (transformers' test: a CUDA GPU
+    whose torch says it supports bfloat16)."""
+    return accelerator_available() and torch.cuda.is_bf16_supported()
 
 
 def default_device(use_cpu: bool = False, local_process_index: int = 0) -> torch.device:

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Mapping
@@ -32,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
-from .backend import AcceleratorView, Backend
+from .backend import AcceleratorView, Backend, accelerator_kwargs
 from .checkpoint import background, formats, manifest, save_load, signals, writer
 # transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
 from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
@@ -62,7 +63,7 @@ from .trainer_utils import (
     set_seed,
     speed_metrics,
 )
-from .training_args import TrainingArguments
+from .training_args import TrainingArguments, set_process_log_level
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,11 @@ def _accepts_tokenizer(init: Callable) -> Callable:
         init(self, *args, **kwargs)
 
     return __init__
+
+
+def _summary(method: Callable) -> str:
+    """The first paragraph of a method's docstring, on one line."""
+    return " ".join(inspect.getdoc(method).split("\n\n")[0].split())
 
 
 def _state_at_save(state: TrainerState) -> TrainerState:
@@ -229,9 +235,7 @@ class Trainer:
     # ------------------------------------------------------------------ construction
 
     def _set_log_level(self) -> None:
-        level = self.args.get_process_log_level()
-        if level is not None:
-            logging.getLogger("cadence").setLevel(level)
+        set_process_log_level(self.args)  # cadence's loggers, and transformers' when loaded, as transformers does
 
     def _validate_setup(self) -> None:
         """Every check that can fail before the first step, with the fix in the message."""
@@ -1780,7 +1784,7 @@ class Trainer:
             if getattr(type(self), name) is not getattr(Trainer, name):
                 raise TypeError(
                     f"{type(self).__name__} overrides {name}(), which cadence's training loop never calls, so the "
-                    f"override would be silently ignored; move that logic elsewhere ({getattr(Trainer, name).__doc__})"
+                    f"override would be silently ignored; move that logic elsewhere ({_summary(getattr(Trainer, name))})"
                 )
 
     def create_accelerator_and_postprocess(self) -> None:
@@ -1790,12 +1794,39 @@ class Trainer:
             "built; there is nothing to recreate. Set the ddp_* arguments instead"
         )
 
-    def set_initial_training_values(self, args: TrainingArguments, dataloader: DataLoader):
-        """cadence computes step counts inside train(); read state.max_steps / num_train_epochs in on_train_begin."""
-        raise NotImplementedError(
-            "cadence computes the step counts inside train() (Trainer._step_counts: max_steps, epochs, batches per "
-            "epoch); read trainer.state.max_steps / num_train_epochs after train() starts, e.g. in on_train_begin"
-        )
+    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        """The keyword arguments transformers' Trainer builds for accelerate's ``Accelerator`` from ``self.args``
+        (``backend.accelerator_kwargs``: dataloader config, gradient accumulation plugin, DDP options, ...);
+        ``kwargs`` replace computed entries, as in transformers."""
+        return accelerator_kwargs(self.args, self.model, **kwargs)
+
+    def set_initial_training_values(self, args: TrainingArguments, dataloader: DataLoader
+                                    ) -> tuple[int, int, int, int, int, int | None, int]:
+        """transformers' step counts of a run over ``dataloader``; read state.max_steps / num_train_epochs in
+        on_train_begin.
+
+        Returns:
+            ``(num_train_epochs, num_update_steps_per_epoch, num_examples, num_train_samples, total_train_batch_size,
+            steps_in_epoch, max_steps)`` with transformers' values: a dataloader without a length needs
+            ``max_steps > 0`` and counts ``sys.maxsize`` epochs of ``max_steps`` steps.
+        """
+        total_batch = self.get_total_train_batch_size(args)
+        ga = args.gradient_accumulation_steps
+        if has_length(dataloader):
+            batches = len(dataloader)
+            per_epoch = max(math.ceil(batches / ga), 1)
+            max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+            examples = self.num_examples(dataloader)
+            if args.max_steps > 0:
+                epochs, samples = math.ceil(max_steps / per_epoch), max_steps * total_batch
+            else:
+                epochs, samples = math.ceil(args.num_train_epochs), examples * args.num_train_epochs
+            return epochs, per_epoch, examples, samples, total_batch, batches, max_steps
+        if args.max_steps <= 0:
+            raise ValueError(f"args.max_steps must be set to a positive value if dataloader does not have a length, "
+                             f"was {args.max_steps}")
+        max_steps = args.max_steps
+        return sys.maxsize, max_steps, total_batch * max_steps, total_batch * max_steps, total_batch, max_steps * ga, max_steps
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
         """cadence counts a step's items itself; to change the loss, override compute_loss or pass compute_loss_func."""

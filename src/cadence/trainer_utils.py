@@ -605,6 +605,9 @@ class RemoveColumnsCollator:
         return self.data_collator(features)
 
 
+_HF_DATASET_NAMES = {"training": "Training", "evaluation": "Evaluation"}
+
+
 def check_columns(columns: list[str], accepted: set[str], model_name: str, description: str | None,
                   log: logging.Logger | None = None) -> list[str]:
     """The columns to drop; logs them, and refuses a dataset with no accepted column.
@@ -620,8 +623,15 @@ def check_columns(columns: list[str], accepted: set[str], model_name: str, descr
             f"accepts {sorted(accepted)}; rename the columns to the model's argument names, or set "
             "remove_unused_columns=False to pass them as they are"
         )
-    if dropped:
-        (log or logger).info("columns%s not accepted by %s.forward, removed: %s", where, model_name, ", ".join(dropped))
+    if dropped:  # transformers' words, as one formatted string: tests and log filters match the message
+        # transformers names its datasets "Training", "Evaluation" and "test" in this line
+        names = ", ".join(dropped)
+        in_set = f"in the {_HF_DATASET_NAMES.get(description, description)} set" if description else ""
+        (log or logger).info(
+            f"The following columns {in_set} don't have a corresponding argument in `{model_name}.forward` and have "
+            f"been ignored: {names}. If {names} are not expected by `{model_name}.forward`,  you can safely ignore "
+            "this message."
+        )
     return dropped
 
 

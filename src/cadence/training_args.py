@@ -14,6 +14,7 @@ Every ValueError names the field, the bad value and the fix. Nothing is silently
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import dataclasses
@@ -22,6 +23,7 @@ import json
 import logging
 import math
 import os
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,15 +107,57 @@ def _default_optim() -> str:
 
 
 # Level names accepted by log_level / log_level_replica; "passive" (-1) keeps the current level.
-_LOG_LEVELS = {
-    "passive": -1,
+_LOG_LEVELS = {  # in transformers' order, which --help shows
     "detail": logging.DEBUG,
     "debug": logging.DEBUG,
     "info": logging.INFO,
     "warning": logging.WARNING,
     "error": logging.ERROR,
     "critical": logging.CRITICAL,
+    "passive": -1,
 }
+
+
+# transformers' verbosity as cadence last saw it (its default, then what a Trainer's log_level set or "passive"
+# followed). A change since, by transformers.logging.set_verbosity_*(), is the current level "passive" keeps: a
+# script's transformers verbosity reaches cadence's loggers as it reaches transformers' Trainer.
+_transformers_verbosity_seen = logging.WARNING
+
+
+def _transformers_logging():
+    return sys.modules.get("transformers.utils.logging")  # only when the user loaded it: no import here
+
+
+def _current_log_level() -> int:
+    """The level "passive" keeps: the ``cadence`` logger's, or transformers' verbosity where a script changed it."""
+    own = logging.getLogger("cadence").getEffectiveLevel()
+    hf = _transformers_logging()
+    if hf is None or hf.get_verbosity() == _transformers_verbosity_seen:
+        return own
+    return hf.get_verbosity()
+
+
+def set_process_log_level(args: TrainingArguments) -> None:
+    """What transformers' Trainer does with ``log_level`` when it is built: this process's level
+    (``args.get_process_log_level()``) on cadence's logger tree, and on transformers' when transformers is loaded (its
+    verbosity, as transformers' Trainer sets it). ``transformers.logging.set_verbosity_*()`` afterwards reaches
+    cadence's loggers at the next Trainer, as it reaches transformers' (a later Trainer with ``log_level="passive"``
+    keeps the level, as in transformers).
+
+    Example:
+        >>> set_process_log_level(TrainingArguments("out", log_level="error"))
+        >>> logging.getLogger("cadence").level == logging.ERROR
+        True
+    """
+    global _transformers_verbosity_seen
+    level = args.get_process_log_level()
+    logging.getLogger("cadence").setLevel(level)
+    hf = _transformers_logging()
+    if hf is not None:
+        named = _LOG_LEVELS[args.log_level if args.should_log else args.log_level_replica] != -1
+        if named:
+            hf.set_verbosity(level)
+        _transformers_verbosity_seen = hf.get_verbosity()
 
 
 # The help text's end for a field whose feature is in _NOT_YET_BUILT (a value other than the default is refused).
@@ -123,6 +167,12 @@ _NOT_BUILT = " Not built in cadence: setting it raises a ValueError."
 def _help(text: str, **argparse_options: Any) -> dict[str, Any]:
     # Only argparse keywords may go in the metadata: HfArgumentParser passes it to add_argument.
     return {"help": text, **argparse_options}
+
+
+def _help_4x(text: str, **argparse_options: Any) -> dict[str, Any]:
+    # A transformers 4.x spelling: still accepted on a command line, but left out of --help, which lists the options
+    # of transformers 5 as its own --help does. `text` says what the field does, for readers of this module.
+    return {"help": argparse.SUPPRESS, **argparse_options}
 
 
 @dataclass
@@ -401,11 +451,13 @@ class TrainingArguments:
     log_level: str = field(
         default="passive",
         metadata=_help(
-            "Log level of the main process: debug, info, warning, error, critical, or passive (leave as set)."
+            "Log level of the main process: debug, info, warning, error, critical, or passive (leave as set).",
+            choices=list(_LOG_LEVELS),
         ),
     )
     log_level_replica: str = field(
-        default="warning", metadata=_help("Log level of the other processes; same names as log_level.")
+        default="warning",
+        metadata=_help("Log level of the other processes; same names as log_level.", choices=list(_LOG_LEVELS)),
     )
     disable_tqdm: bool | None = field(
         default=None, metadata=_help("Hide progress bars. None: hide them when cadence's log level is above warning.")
@@ -484,7 +536,8 @@ class TrainingArguments:
     )
     save_steps: float = field(
         default=500,
-        metadata=_help("Save every this many steps with save_strategy='steps'; a fraction in (0, 1) is a share."),
+        metadata=_help("Save every this many steps with save_strategy='steps'; a fraction in (0, 1) is a share; 0 saves "
+                       "only when training ends."),
     )
     save_on_each_node: bool = field(
         default=False,
@@ -579,7 +632,9 @@ class TrainingArguments:
         default=None, metadata=_help("Batches each worker loads ahead; needs dataloader_num_workers > 0.")
     )
     dataloader_multiprocessing_context: str | None = field(
-        default=None, metadata=_help("Start method of data workers: 'fork', 'spawn' or 'forkserver'. None: default.")
+        default=None,
+        metadata=_help("Start method of data workers: 'fork', 'spawn' or 'forkserver'. None: default.",
+                       choices=["fork", "spawn", "forkserver"]),
     )
     dataloader_in_order: bool = field(
         default=True, metadata=_help("Yield batches in sampler order (False: as soon as any worker has one).")
@@ -613,7 +668,9 @@ class TrainingArguments:
     )
     ddp_static_graph: bool | None = field(default=None, metadata=_help("DDP's static_graph option."))
     ddp_backend: str | None = field(
-        default=None, metadata=_help("torch.distributed backend, e.g. 'nccl' or 'gloo'. None: the device's default.")
+        default=None,
+        metadata=_help("torch.distributed backend, e.g. 'nccl' or 'gloo'. None: the device's default.",
+                       choices=["nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl"]),  # transformers' list
     )
     ddp_timeout: int = field(default=1800, metadata=_help("Seconds before a collective operation times out."))
 
@@ -668,25 +725,25 @@ class TrainingArguments:
         default=-1, metadata=_help("Set by old launchers; read local_process_index instead.")
     )
 
-    # --- transformers 4.x spellings: resolved into their 5.x names, absent from to_dict() ---
+    # --- transformers 4.x spellings: resolved into their 5.x names, absent from to_dict() and from --help ---
     evaluation_strategy: IntervalStrategy | str | None = field(
-        default=None, metadata=_help("4.x name of eval_strategy.")
+        default=None, metadata=_help_4x("4.x name of eval_strategy.")
     )
     warmup_ratio: float | None = field(
-        default=None, metadata=_help("4.x spelling: a fraction in [0, 1) of the total steps, stored in warmup_steps.")
+        default=None, metadata=_help_4x("4.x spelling: a fraction in [0, 1) of the total steps, stored in warmup_steps.")
     )
     group_by_length: bool | None = field(
         default=None,
-        metadata=_help("4.x spelling of train_sampling_strategy='group_by_length'.", nargs="?", const=True),
+        metadata=_help_4x("4.x spelling of train_sampling_strategy='group_by_length'.", nargs="?", const=True),
     )
-    no_cuda: bool | None = field(default=None, metadata=_help("4.x name of use_cpu.", nargs="?", const=True))
+    no_cuda: bool | None = field(default=None, metadata=_help_4x("4.x name of use_cpu.", nargs="?", const=True))
     include_inputs_for_metrics: bool | None = field(
         default=None,
-        metadata=_help("4.x spelling of include_for_metrics=['inputs'].", nargs="?", const=True),
+        metadata=_help_4x("4.x spelling of include_for_metrics=['inputs'].", nargs="?", const=True),
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata=_help(
+        metadata=_help_4x(
             "4.x option (HF 5 dropped it): a new run (no resume_from_checkpoint) into an output_dir holding an "
             "earlier run's checkpoint-N folders keeps them (warned; this run's rotation leaves them alone) unless "
             "this is True, which deletes them and the earlier run's trainer_state.json/log_history.jsonl first."
@@ -694,12 +751,12 @@ class TrainingArguments:
     )
     save_safetensors: bool | None = field(
         default=True,
-        metadata=_help("4.x option: True is accepted; False is refused because cadence always writes safetensors."),
+        metadata=_help_4x("4.x option: True is accepted; False is refused because cadence always writes safetensors."),
     )
-    # --- transformers 4.x field kept as a real field (in to_dict) ---
+    # --- transformers 4.x field kept as a real field (in to_dict; hidden from --help too) ---
     logging_dir: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=_help_4x(
             "Folder for TensorBoard event files. None: the TensorBoard callback picks $TENSORBOARD_LOGGING_DIR or "
             "output_dir/runs/<time>_<host> when it starts."
         ),
@@ -739,6 +796,7 @@ class TrainingArguments:
         _check_step_intervals(self)
         # 5. Combinations.
         _check_one_precision(self)
+        _check_bf16_device(self)
         _check_debug(self)
         _check_best_model_strategies(self)
         _check_scheduler_needs_eval(self)
@@ -835,11 +893,12 @@ class TrainingArguments:
         """The logging level for this process: log_level where should_log, else log_level_replica.
 
         Returns:
-            A `logging` level number; "passive" gives the current effective level of the `cadence`
-            logger (WARNING unless the application changed it).
+            A `logging` level number; "passive" gives the current level: the `cadence` logger's effective level
+            (WARNING unless the application changed it), or transformers' verbosity when
+            `transformers.logging.set_verbosity_*()` changed it since cadence last set or read it.
         """
         level = _LOG_LEVELS[self.log_level if self.should_log else self.log_level_replica]
-        return logging.getLogger("cadence").getEffectiveLevel() if level == -1 else level
+        return _current_log_level() if level == -1 else level
 
     def get_warmup_steps(self, num_training_steps: int) -> int:
         """Warmup length in optimizer steps.
@@ -1022,6 +1081,52 @@ class TrainingArguments:
         for name in _token_fields(type(self)):  # masked even when unset, as HF does: a dump never shows
             d[name] = f"<{name.upper()}>"  # whether a token exists
         return d
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str | os.PathLike) -> TrainingArguments:
+        """The arguments a checkpoint (or a ``save_model`` folder) was written with, as an object of this class.
+
+        transformers pickles its ``TrainingArguments`` object into ``training_args.bin``, and
+        ``torch.load(path, weights_only=False)`` gives it back, running whatever code a crafted file holds. cadence
+        writes the plain ``to_dict()`` there instead (and in ``training_args.json``): ``torch.load`` of it gives a
+        dict, safe to read; this method builds the object from it, checked as the constructor checks it.
+        Access tokens are never written (``to_dict()`` masks them), so they come back as None.
+
+        Args:
+            checkpoint: a ``checkpoint-N`` folder, or any folder holding cadence's ``training_args.bin`` or
+                ``training_args.json``.
+
+        Returns:
+            The arguments, equal to those of the run that wrote the folder (tokens aside). Call it on a subclass
+            (e.g. ``Seq2SeqTrainingArguments`` or a TRL config) for its own fields.
+
+        Raises:
+            ValueError: the folder holds no arguments cadence can read (none, or transformers' pickled object,
+                which cadence never unpickles).
+
+        Example:
+            >>> args = TrainingArguments.from_checkpoint("out/checkpoint-500")
+            >>> args.learning_rate
+            5e-05
+        """
+        from .checkpoint.formats import load_training_args  # only here: reading files is not this module's job
+
+        saved = load_training_args(checkpoint)
+        if saved is None:
+            raise ValueError(
+                f"checkpoint={os.fspath(checkpoint)!r} holds no arguments cadence can read: it needs cadence's "
+                f"training_args.bin or training_args.json (a transformers checkpoint's training_args.bin is a pickled "
+                f"object, never unpickled here; only if you trust the file, torch.load(path, weights_only=False) "
+                f"reads it)"
+            )
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(saved) - fields)
+        if unknown:  # written by another class or version: its own options cannot be set here
+            logger.warning("%s: options %s are not fields of %s; left out", os.fspath(checkpoint), unknown, cls.__name__)
+        for name in _token_fields(cls):
+            if saved.get(name) == f"<{name.upper()}>":
+                saved[name] = None  # masked when written
+        return cls(**{k: v for k, v in saved.items() if k in fields})
 
     def to_json_string(self) -> str:
         """`to_dict()` as indented JSON."""
@@ -1557,11 +1662,14 @@ def _check_choices(args: TrainingArguments) -> None:
 
 
 def _check_step_intervals(args: TrainingArguments) -> None:
-    """With a "steps" strategy the interval is a whole number of steps >= 1 or a ratio in (0, 1)."""
+    """With a "steps" strategy the interval is a whole number of steps >= 1 or a ratio in (0, 1); save_steps=0 is
+    accepted too, as in transformers."""
     for strategy, name in _STEP_INTERVALS:
         if getattr(args, strategy) != IntervalStrategy.STEPS:
             continue
         value = getattr(args, name)
+        if name == "save_steps" and _is_number(value) and value == 0:
+            continue  # transformers accepts it: no save during training, one when training ends
         if not (_is_number(value) and value > 0 and (value < 1 or float(value).is_integer())):
             raise _invalid(
                 name,
@@ -1579,6 +1687,25 @@ def _check_one_precision(args: TrainingArguments) -> None:
             raise ValueError(
                 f"{a}=True together with {b}=True is invalid: only one half-precision type can be used; keep one"
             )
+
+
+def _check_bf16_device(args: TrainingArguments) -> None:
+    """transformers' rule: bf16 without use_cpu needs a GPU that computes in bfloat16. Without one it would run
+    bfloat16 autocast on the CPU unasked (TRL's configs default to bf16=True), so it is refused before training."""
+    name = "bf16" if args.bf16 else "bf16_full_eval" if args.bf16_full_eval else None
+    if name is None or args.use_cpu:
+        return
+    from .backend import accelerator_available, bf16_gpu_available  # only then: this module stays light to import
+
+    if bf16_gpu_available():
+        return
+    where = ("this GPU does not compute in bfloat16 (it needs an Ampere or newer GPU)" if accelerator_available()
+             else "this machine has no GPU")
+    raise ValueError(
+        f"{name}=True is invalid without use_cpu=True here: {where}, and bfloat16 on the CPU is used only when asked "
+        f"for (as in transformers); pass use_cpu=True to train in bfloat16 on the CPU, or {name}=False for float32 "
+        f"(TRL's configs default to bf16=True)"
+    )
 
 
 def _check_debug(args: TrainingArguments) -> None:
@@ -1608,6 +1735,8 @@ def _check_best_model_strategies(args: TrainingArguments) -> None:
 
 
 def _is_multiple(save_steps: float, eval_steps: float) -> bool:
+    if save_steps == 0:
+        return True  # saves only at the end, which evaluates too (transformers: 0 % eval_steps == 0)
     if (save_steps < 1) != (eval_steps < 1):
         return False  # a ratio and a step count: no multiple can be guaranteed
     # Ratios compared in millionths, so that 0.3 counts as a multiple of 0.1 despite float error.
