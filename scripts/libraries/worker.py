@@ -104,9 +104,13 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
         kw = dict(batch=opts.batch, eval_batch=opts.eval_batch, cadence=opts.cadence)
         if attempt(lib, case, os.path.join(base, "run"), "run", resume=False, **kw) and opts.resume:
-            resumed = os.path.join(base, "resumed")
-            shutil.copytree(os.path.join(base, "run", f"checkpoint-{EVERY}"), os.path.join(resumed, f"checkpoint-{EVERY}"))
-            attempt(lib, case, resumed, "resumed", resume=True, **kw)
+            resumed, checkpoint = os.path.join(base, "resumed"), os.path.join(base, "run", f"checkpoint-{EVERY}")
+            if os.path.isdir(checkpoint):
+                shutil.copytree(checkpoint, os.path.join(resumed, f"checkpoint-{EVERY}"))
+                attempt(lib, case, resumed, "resumed", resume=True, **kw)
+            elif int(os.environ.get("RANK", "0")) == 0:
+                with open(os.path.join(base, "resumed.err"), "w") as f:
+                    f.write(f"the run saved no checkpoint-{EVERY}: {sorted(os.listdir(os.path.dirname(checkpoint)))}\n")
         print(f"done {case}", flush=True)
 
 
