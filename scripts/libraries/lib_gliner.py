@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from tiny import saved_bert, sentence, tokenizer
 
-CASES = {"gliner": "gliner.training.Trainer"}
+CASES = {"gliner": "gliner.training.Trainer", "gliner_warmup_ratio": "gliner.training.Trainer (warmup_ratio)"}
+NOTES = {"gliner_warmup_ratio": "GLiNER's own warmup spelling: warmup_ratio=0.25 (its TrainingArguments field), "
+                                "warmup_steps=0"}
 LABELS = ["animal", "colour"]
 
 
@@ -35,7 +37,8 @@ def build(case: str, out_dir: str, common: dict):
     config = GLiNERConfig(model_name=folder, hidden_size=32, max_width=4, max_len=64, dropout=0.0)
     torch.manual_seed(0)
     model = GLiNER.from_config(config, backbone_from_pretrained=True)
-    args = TrainingArguments(**dict(common, learning_rate=1e-3))
+    extra = dict(warmup_steps=0, warmup_ratio=0.25) if case == "gliner_warmup_ratio" else {}
+    args = TrainingArguments(**dict(common, learning_rate=1e-3, **extra))
     return Trainer(model=model, args=args, train_dataset=rows(16, 0), eval_dataset=rows(8, 40),
                    data_collator=model._create_data_collator(),
                    processing_class=model.data_processor.transformer_tokenizer)

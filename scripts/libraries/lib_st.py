@@ -17,8 +17,7 @@ def version() -> str:
 
 
 def trainers() -> list[str]:
-    import sentence_transformers as st
-
+    """The ``*Trainer`` classes the installed sentence-transformers exports, per model kind."""
     names = set()
     for module in ("", ".cross_encoder", ".sparse_encoder", ".multi_vector_encoder"):
         try:
@@ -26,7 +25,6 @@ def trainers() -> list[str]:
         except ImportError:
             continue
         names |= {n for n in dir(pkg) if n.endswith("Trainer") and isinstance(getattr(pkg, n), type)}
-    del st
     return sorted(names)
 
 
@@ -61,8 +59,9 @@ def build(case: str, out_dir: str, common: dict):
         model = CrossEncoder(saved_bert(tok, out_dir, "BertForSequenceClassification", num_labels=1), num_labels=1)
         labelled = lambda n, s: Dataset.from_dict({"sentence1": texts(n, s), "sentence2": texts(n, s + 1),  # noqa: E731
                                                    "label": [float(i % 2) for i in range(n)]})
-        return CrossEncoderTrainer(model=model, args=CrossEncoderTrainingArguments(**args), train_dataset=labelled(16, 1),
-                                   eval_dataset=labelled(8, 3), loss=BinaryCrossEntropyLoss(model))
+        return CrossEncoderTrainer(model=model, args=CrossEncoderTrainingArguments(**args),
+                                   train_dataset=labelled(16, 1), eval_dataset=labelled(8, 3),
+                                   loss=BinaryCrossEntropyLoss(model))
     if case == "sparse_encoder":
         from sentence_transformers.sparse_encoder import (SparseEncoder, SparseEncoderTrainer,
                                                           SparseEncoderTrainingArguments)

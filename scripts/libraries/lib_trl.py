@@ -16,7 +16,8 @@ CASES = {
     "sft": "SFTTrainer", "dpo": "DPOTrainer", "reward": "RewardTrainer", "grpo": "GRPOTrainer",
     "rloo": "RLOOTrainer", "kto": "KTOTrainer", "distillation": "DistillationTrainer",
     "cpo": "experimental.CPOTrainer", "orpo": "experimental.ORPOTrainer", "gkd": "experimental.GKDTrainer",
-    "gmpo": "experimental.GMPOTrainer", "a2po": "experimental.A2POTrainer", "online_dpo": "experimental.OnlineDPOTrainer",
+    "gmpo": "experimental.GMPOTrainer", "a2po": "experimental.A2POTrainer",
+    "online_dpo": "experimental.OnlineDPOTrainer",
     "tpo": "experimental.TPOTrainer", "bema_dpo": "experimental.bema_for_ref_model.DPOTrainer",
     "gold": "experimental.GOLDTrainer", "iw_opd": "experimental.IWOPDTrainer", "sdft": "experimental.SDFTTrainer",
     "sdpo": "experimental.SDPOTrainer",
@@ -168,6 +169,6 @@ def build(case: str, out_dir: str, common: dict):
     if case == "sdft":
         from trl.experimental.sdft import SDFTConfig, SDFTTrainer
 
-        return SDFTTrainer(model=saved_llama(tok, out_dir), args=SDFTConfig(**args, num_generations=2, distillation_topk=8, **GENERATION),
-                           **data)
+        args = SDFTConfig(**args, num_generations=2, distillation_topk=8, **GENERATION)  # top-k within the vocabulary
+        return SDFTTrainer(model=saved_llama(tok, out_dir), args=args, **data)
     raise ValueError(f"unknown case {case!r}")

@@ -169,11 +169,16 @@ def fmt(x) -> str:
     return "-" if x is None else ("0" if x == 0 else f"{x:.1e}")
 
 
+def blank(library: str, trainer: str, case: str = "", start: str = "", verdict: str = "", **extra) -> dict:
+    return {"library": library, "trainer": trainer, "case": case, "version": "", "transformers": "", "start": start,
+            "dloss": None, "deval": None, "dw": None, "resume": "", "2 processes": "", "verdict": verdict, "notes": "",
+            **extra}
+
+
 def row(library: str, case: str, trainer: str, hf_out: str, cd_out: str, two: tuple | None, note: str) -> dict:
     hf, hf_err = load(hf_out, case, "run")
     cd, cd_err = load(cd_out, case, "run")
-    r = {"library": library, "trainer": trainer, "case": case, "version": "", "transformers": "", "start": "",
-         "dloss": None, "deval": None, "dw": None, "resume": "", "2 processes": "not run", "verdict": "", "notes": note}
+    r = blank(library, trainer, case, **{"2 processes": "not run", "notes": note})
     for res in (cd, hf):
         if res:
             r["version"], r["transformers"] = res["versions"]["library"], res["versions"]["transformers"]
@@ -245,9 +250,7 @@ def run_library(library: str, cases: list[str] | None, opts) -> list[dict]:
     if error is None:
         error = getattr(lib, "CANNOT_RUN", None)
     if error:
-        return [{"library": library, "trainer": lib.CASES[c], "case": c, "version": "", "transformers": "",
-                 "start": error, "dloss": None, "deval": None, "dw": None, "resume": "", "2 processes": "", "verdict": "cannot run here",
-                 "notes": ""} for c in cases]
+        return [blank(library, lib.CASES[c], c, error, "cannot run here") for c in cases]
     start = time.time()
     tails = {"hf": launch(python, module_name, os.path.join(out, "hf"), cases, "--resume"),
              "cadence": launch(python, module_name, os.path.join(out, "cadence"), cases, "--cadence", "--resume")}
@@ -264,9 +267,8 @@ def run_library(library: str, cases: list[str] | None, opts) -> list[dict]:
     if opts.verbose:
         print(tails["cadence"])
     for trainer, reason in getattr(lib, "NOT_RUN", {}).items():
-        rows.append({"library": library, "trainer": trainer, "case": "", "version": rows[0]["version"],
-                     "transformers": rows[0]["transformers"], "start": reason, "dloss": None, "deval": None, "dw": None,
-                     "resume": "", "2 processes": "", "verdict": "cannot run here", "notes": ""})
+        rows.append(blank(library, trainer, "", reason, "cannot run here", version=rows[0]["version"],
+                          transformers=rows[0]["transformers"]))
     if hasattr(lib, "trainers") and cases == list(lib.CASES):  # what the installed library ships and no row covers
         listed = subprocess.run([python, "-c", f"import json, lib_{module_name} as m; print(json.dumps(m.trainers()))"],
                                 env=env(), capture_output=True, text=True)
@@ -274,17 +276,16 @@ def run_library(library: str, cases: list[str] | None, opts) -> list[dict]:
         covered = set(lib.CASES.values()) | set(getattr(lib, "NOT_RUN", {}))
         for trainer in shipped:
             if trainer not in covered:
-                rows.append({"library": library, "trainer": trainer, "case": "", "version": rows[0]["version"],
-                             "transformers": rows[0]["transformers"], "start": "not covered by the matrix yet",
-                             "dloss": None, "deval": None, "dw": None, "resume": "", "2 processes": "", "verdict": "NOT COVERED",
-                             "notes": ""})
+                rows.append(blank(library, trainer, "", "not covered by the matrix yet", "NOT COVERED",
+                                  version=rows[0]["version"], transformers=rows[0]["transformers"]))
     print(f"{library}: {len(cases)} trainers in {time.time() - start:.0f} s", flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> list[list[str]]:
     return [[str(r["library"]), str(r["version"]), str(r["transformers"]), str(r["trainer"]), str(r["start"]),
-             fmt(r["dloss"]), fmt(r["deval"]), fmt(r["dw"]), str(r["resume"]), str(r["2 processes"]), str(r["verdict"])] for r in rows]
+             fmt(r["dloss"]), fmt(r["deval"]), fmt(r["dw"]), str(r["resume"]), str(r["2 processes"]),
+             str(r["verdict"])] for r in rows]
 
 
 def markdown(result: dict) -> str:
@@ -295,8 +296,8 @@ def markdown(result: dict) -> str:
              "Each trainer trains a tiny model (built locally, no download) 4 steps on transformers' Trainer and on "
              "cadence's (`cadence.patch_transformers()` before the library is imported), evaluating and saving at "
              "steps 2 and 4; cadence's run is then resumed from `checkpoint-2`. dloss: the largest difference of the "
-             "logged training losses (every step's, train_loss, the library's own); deval: of the eval losses (the eval "
-             "set is one batch); dw: of the final weights; "
+             "logged training losses (every step's, train_loss, the library's own); deval: of the eval losses "
+             "(the eval set is one batch); dw: of the final weights; "
              "resume: the resumed run against the unbroken one; 2 processes: cadence against transformers on 2 "
              "processes (torchrun). Equal means within 1e-5 (1e-3 for bf16 runs) and a bit-identical resume.", "",
              "| " + " | ".join(COLUMNS + ["notes"]) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
@@ -322,11 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast", action="store_true", help="CI's slice: " + ", ".join(f"{k} {v}" for k, v in FAST.items()))
     p.add_argument("--two-processes", action="store_true", help="add the 2-process column (torchrun)")
     p.add_argument("--out", default=os.path.join(ROOT, ".venv-libs", "runs"), help="where the runs write")
-    p.add_argument("--json", default=os.path.join(ROOT, "docs", "libraries-matrix.json"))
-    p.add_argument("--markdown", default=os.path.join(ROOT, "docs", "libraries-matrix.md"))
+    p.add_argument("--json", help="where the table goes as JSON (default: docs/libraries-matrix.json for the whole "
+                   "matrix, OUT/matrix.json for a part)")
+    p.add_argument("--markdown", help="where the table goes as markdown (default: docs/libraries-matrix.md for the "
+                   "whole matrix, OUT/matrix.md for a part)")
     p.add_argument("--render", action="store_true", help="only write --markdown from --json")
     p.add_argument("--verbose", action="store_true")
     opts = p.parse_args(argv)
+    whole = not (opts.only or opts.fast)  # only the whole matrix replaces the docs' table
+    folder = os.path.join(ROOT, "docs") if whole or opts.render else opts.out
+    opts.json = opts.json or os.path.join(folder, "libraries-matrix.json" if folder != opts.out else "matrix.json")
+    opts.markdown = opts.markdown or os.path.join(folder, "libraries-matrix.md" if folder != opts.out else "matrix.md")
     if opts.render:
         result = json.load(open(opts.json))
         result["json"] = opts.json
