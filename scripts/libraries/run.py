@@ -60,8 +60,8 @@ VENV_PACKAGES = {"setfit": ["setfit", "datasets"], "gliner": ["gliner", "dataset
                  "pylate": ["pylate", "datasets"], "span_marker": ["span_marker", "datasets"]}
 TORCH = os.environ.get("TORCH", "torch==2.13.0")  # the CPU build on these machines' disk, as the Makefile's TORCH
 FAST = {"trl": ["sft", "dpo"], "sentence-transformers": ["sentence_transformer"]}
-TWO_PROCESS_CASES = {"trl": ["sft", "dpo", "reward", "grpo", "kto", "orpo", "cpo"],
-                     "sentence-transformers": ["sentence_transformer", "cross_encoder", "sparse_encoder"]}
+# the 2-process column's rows (torchrun launches cost minutes on a shared 2-core machine)
+TWO_PROCESS_CASES = {"trl": ["sft", "dpo"], "sentence-transformers": ["sentence_transformer", "cross_encoder"]}
 TIMES = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "eval_runtime",
          "eval_samples_per_second", "eval_steps_per_second"}
 TOL, TOL_BF16 = 1e-5, 1e-3
@@ -252,8 +252,14 @@ def run_library(library: str, cases: list[str] | None, opts) -> list[dict]:
     if error:
         return [blank(library, lib.CASES[c], c, error, "cannot run here") for c in cases]
     start = time.time()
-    tails = {"hf": launch(python, module_name, os.path.join(out, "hf"), cases, "--resume"),
-             "cadence": launch(python, module_name, os.path.join(out, "cadence"), cases, "--cadence", "--resume")}
+    tails = {}
+    for side, flags in (("hf", ["--resume"]), ("cadence", ["--cadence", "--resume"])):
+        folder = os.path.join(out, side)
+        done = lambda c: any(os.path.exists(os.path.join(folder, c, f"run.{e}")) for e in ("pt", "err"))  # noqa: E731
+        if opts.reuse and all(done(c) for c in cases):
+            tails[side] = "reused"
+            continue
+        tails[side] = launch(python, module_name, folder, cases, *flags)
     two = None
     wanted = [c for c in cases if c in TWO_PROCESS_CASES.get(library, [])] if opts.two_processes else []
     if wanted:
@@ -328,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", help="where the table goes as markdown (default: docs/libraries-matrix.md for the "
                    "whole matrix, OUT/matrix.md for a part)")
     p.add_argument("--render", action="store_true", help="only write --markdown from --json")
+    p.add_argument("--reuse", action="store_true", help="keep the 1-process results a previous run left in --out "
+                   "for a library whose every case has one (after an interrupted matrix)")
     p.add_argument("--verbose", action="store_true")
     opts = p.parse_args(argv)
     whole = not (opts.only or opts.fast)  # only the whole matrix replaces the docs' table
@@ -353,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "wall_s": time.time() - start,
+              "reused": opts.reuse,
               "torch": torch.__version__, "rows": rows, "json": opts.json}
     print_table(rows)
     print(f"wall time {result['wall_s']:.0f} s")
