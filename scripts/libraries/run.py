@@ -217,7 +217,7 @@ def row(library: str, case: str, trainer: str, hf_out: str, cd_out: str, two: tu
             # counter, a buffer) resumes off the unbroken run on either base; cadence must then resume as transformers
             # (train_loss aside: after a resume cadence averages it over the whole run, transformers over the resumed
             # steps, a deliberate difference the README lists)
-            theirs = diff_logs(hf, hf_resumed, after=2)
+            theirs = diff_logs(hf, hf_resumed, after=2, ignore=frozenset({"train_loss"}))
             mine = diff_logs(hf_resumed, resumed, after=2, ignore=frozenset({"train_loss"}))
             as_theirs = max(mine["loss"], mine["eval"] or 0, mine["other"], diff_weights(hf_resumed, resumed)) <= tol
             if theirs["differing"] and as_theirs and not mine["keys"]:
