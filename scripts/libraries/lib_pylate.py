@@ -23,7 +23,9 @@ def build(case: str, out_dir: str, common: dict):
 
     folder = saved_bert(tokenizer(), out_dir)
     torch.manual_seed(1)  # the projection ColBERT adds
-    model = models.ColBERT(model_name_or_path=folder, embedding_size=16, device="cpu")
+    # documents padded to 32 tokens (ColBERT's default, 180, is past the tiny BERT's 128 positions)
+    model = models.ColBERT(model_name_or_path=folder, embedding_size=16, query_length=16, document_length=32,
+                           device="cpu")
     triples = lambda n, o: Dataset.from_dict({"query": [sentence(i, 3) for i in range(o, o + n)],  # noqa: E731
                                               "positive": [sentence(i + 1, 5) for i in range(o, o + n)],
                                               "negative": [sentence(i + 7, 5) for i in range(o, o + n)]})
