@@ -5,7 +5,7 @@ TORCH   ?= torch==2.13.0
 # the newest releases of every dependency (but torch), for `make test-latest`
 LATEST  := .venv-latest
 
-.PHONY: demo test test-latest constraints bench clean
+.PHONY: demo test test-latest test-libraries constraints bench clean
 
 # The tested set: every dependency at the version constraints.txt pins; a change of either file rebuilds the venv,
 # so a release of a dependency never changes what `make test` runs (setup.py: it ships the start-up hook).
@@ -33,6 +33,13 @@ test-latest:
 	$(LATEST)/bin/python -m pip install -q -e ".[test]"
 	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|accelerate|trl|sentence-transformers|datasets|peft) "
 	$(LATEST)/bin/python -m pytest -q
+
+# The library matrix: every trainer of TRL, sentence-transformers, setfit, GLiNER, PyLate and SpanMarker on
+# transformers' Trainer and on cadence's, compared run against run (scripts/libraries/run.py says how). Libraries
+# pinning other versions run in their own venvs, .venv-libs/NAME, built from libraries/NAME.txt (rebuilt when it
+# changes); the table goes to docs/libraries-matrix.md and .json.
+test-libraries: .venv/.installed
+	$(PY) scripts/libraries/run.py --two-processes
 
 # After `make test-latest` passes: its versions become the tested set.
 constraints:

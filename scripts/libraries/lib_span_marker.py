@@ -1,0 +1,38 @@
+"""SpanMarker's Trainer (``span_marker.Trainer``, on transformers 4.x: it pins transformers <5) on a SpanMarkerModel
+over a tiny local BERT; 16 sentences tagged with IOB entity labels."""
+
+from __future__ import annotations
+
+from tiny import saved_bert, sentence, tokenizer
+
+CASES = {"span_marker": "span_marker.Trainer"}
+LABELS = ["O", "B-animal", "I-animal", "B-colour", "I-colour"]
+
+
+def version() -> str:
+    import span_marker
+
+    return span_marker.__version__
+
+
+def rows(n: int, offset: int):
+    from datasets import Dataset
+
+    tokens, tags = [], []
+    for i in range(offset, offset + n):
+        words = sentence(i, 6).split()
+        tokens.append(words)
+        tags.append([1 if w in ("cat", "dog", "bird", "fish") else 3 if w in ("red", "blue") else 0 for w in words])
+    return Dataset.from_dict({"tokens": tokens, "ner_tags": tags})
+
+
+def build(case: str, out_dir: str, common: dict):
+    import torch
+    from span_marker import SpanMarkerModel, Trainer
+    from transformers import TrainingArguments
+
+    folder = saved_bert(tokenizer(), out_dir)
+    torch.manual_seed(0)
+    model = SpanMarkerModel.from_pretrained(folder, labels=LABELS, model_max_length=64, entity_max_length=4)
+    args = TrainingArguments(**dict(common, learning_rate=1e-3))
+    return Trainer(model=model, args=args, train_dataset=rows(16, 0), eval_dataset=rows(8, 40))
