@@ -593,3 +593,40 @@ def test_numbers_as_text_are_read_like_the_command_line(hf):
 def test_non_finite_floats_are_refused(name, value):
     with pytest.raises(ValueError, match=f"{name}=(inf|nan) is invalid: it must be a finite number"):
         TrainingArguments(**{name: value})
+
+
+def _library_args(base):
+    """A library's arguments as GLiNER 0.2.29 writes them: its own ``warmup_ratio`` field and ``get_warmup_steps``."""
+    import math
+
+    @dataclasses.dataclass
+    class LibraryArgs(base):
+        warmup_ratio: float = 0.0
+
+        def get_warmup_steps(self, num_training_steps):
+            if self.warmup_steps == 0:
+                return math.ceil(num_training_steps * self.warmup_ratio)
+            return super().get_warmup_steps(num_training_steps)
+
+    return LibraryArgs
+
+
+@pytest.mark.parametrize("given, total, expected", [({"warmup_steps": 1}, 8, 1), ({"warmup_ratio": 0.25}, 8, 2),
+                                                    ({}, 8, 0)])
+def test_a_subclass_field_named_warmup_ratio_is_the_subclass_own_as_in_transformers(hf, tmp_path, given, total, expected):
+    """transformers 5 has no warmup_ratio: a subclass that declares one owns it (no 4.x alias, no conflict with
+    warmup_steps), and the scheduler asks the subclass's get_warmup_steps, on both bases."""
+    from tiny import RegressionDataset, RegressionModel
+
+    import cadence
+
+    lrs = {}
+    for lib in (cadence, hf):
+        args = _library_args(lib.TrainingArguments)(str(tmp_path / lib.__name__), max_steps=total, learning_rate=0.1,
+                                                    logging_steps=1, report_to="none", save_strategy="no",
+                                                    disable_tqdm=True, use_cpu=True, **given)
+        assert args.warmup_ratio == given.get("warmup_ratio", 0.0) and args.get_warmup_steps(total) == expected
+        trainer = lib.Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(64))
+        trainer.train()
+        lrs[lib.__name__] = [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h]
+    assert lrs["cadence"] == pytest.approx(lrs["transformers"], rel=1e-12)

@@ -1413,12 +1413,20 @@ def _parse_text_values(args: TrainingArguments) -> None:
                                f"pass a number such as {name}={default!r}") from None
 
 
+def _declared_by_a_subclass(cls: type, name: str) -> bool:
+    """Whether a subclass of cadence's arguments declares field ``name`` itself (GLiNER's arguments declare
+    ``warmup_ratio: float = 0.0`` and read it in their own ``get_warmup_steps``): transformers 5 has no such field
+    and leaves it to the subclass, so cadence does not read it as the 4.x spelling either."""
+    return any(name in vars(k).get("__annotations__", {}) for k in cls.__mro__
+               if k is not TrainingArguments and issubclass(k, TrainingArguments) and not k.__module__.startswith("cadence."))
+
+
 def _resolve_aliases(args: TrainingArguments) -> None:
     """Move each 4.x spelling into its 5.x field; the two disagreeing is an error."""
     defaults = _field_defaults(type(args))
     for old, (new, convert) in _ALIASES.items():
         old_value = getattr(args, old)
-        if old_value is None:
+        if old_value is None or _declared_by_a_subclass(type(args), old):
             continue
         value = convert(old, old_value)
         setattr(args, old, None)  # consumed, so a dataclasses.replace() copy does not apply it again
