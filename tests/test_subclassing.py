@@ -4,6 +4,8 @@ read exist with transformers' meaning."""
 
 import contextlib
 import io
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,8 @@ import torch
 import cadence
 from cadence import Trainer, TrainingArguments
 from tiny import RegressionDataset, RegressionModel
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "subclassing.md"
 
 
 def args(out, **kw):

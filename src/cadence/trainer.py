@@ -291,7 +291,7 @@ class Trainer:
     @staticmethod
     def _transformers_accepts_loss_kwargs(model: nn.Module) -> bool:
         """transformers' ``model_accepts_loss_kwargs`` (the flag, else any ``**kwargs`` forward): where transformers
-        counts a step's items for ``compute_loss`` (``_count_items_as_transformers``)."""
+        counts a step's items for ``compute_loss``."""
         model = model.get_base_model() if hasattr(model, "get_base_model") else model
         flag = getattr(model, "accepts_loss_kwargs", None)
         if flag is not None:
