@@ -45,7 +45,7 @@ common = dict(output_dir=out, per_device_train_batch_size=4, max_steps=4, loggin
               save_strategy="no", report_to="none", use_cpu=True, seed=7, disable_tqdm=True)
 pairs = Dataset.from_dict({"anchor": texts(16, 1), "positive": texts(16, 2)})
 
-if case == "sentence_transformer":
+if case in ("sentence_transformer", "sentence_transformer_whole"):
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.losses import MultipleNegativesRankingLoss
     from sentence_transformers.models import Pooling, Transformer
@@ -54,9 +54,12 @@ if case == "sentence_transformer":
     BertModel(config).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     model = SentenceTransformer(modules=[Transformer(model_dir), Pooling(32)])
-    args = SentenceTransformerTrainingArguments(**common)
+    whole = {"eval_strategy": "steps", "eval_steps": 2, "save_strategy": "steps", "save_steps": 2}  # evaluate, save
+    args = SentenceTransformerTrainingArguments(**{**common, **(whole if case.endswith("_whole") else {})})
+    evaluation = {"eval_dataset": Dataset.from_dict({"anchor": texts(8, 3), "positive": texts(8, 4)})}
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs,
-                                         loss=MultipleNegativesRankingLoss(model), callbacks=[Record()])
+                                         loss=MultipleNegativesRankingLoss(model), callbacks=[Record()],
+                                         **(evaluation if case.endswith("_whole") else {}))
 elif case == "cross_encoder":
     from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
@@ -105,5 +108,8 @@ import cadence  # noqa: E402  (importing it patches nothing)
 # each run proves its base: a reference run is transformers' (the environment's mark must not reach it)
 assert isinstance(trainer, cadence.Trainer) == ("--cadence" in sys.argv), type(trainer).__mro__
 trainer.train()
+if case.endswith("_whole"):  # evaluate() after training, as scripts do; the model stays as training left it
+    Record.losses += [(-1, k, float(v)) for k, v in trainer.evaluate().items() if k.endswith("_loss")]
+    Record.losses += [(-1, "training_mode", float(model.training))]
 torch.save({"losses": Record.losses, "weights": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}},
            os.path.join(out, "result.pt"))

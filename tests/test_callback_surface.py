@@ -231,3 +231,37 @@ def test_a_request_through_jit_manager_saves_at_the_step_end_and_stops(tmp_path,
                        train_dataset=RegressionDataset(64))
     unbroken.train()
     assert [p.item() for p in resumed.model.parameters()] == [p.item() for p in unbroken.model.parameters()]
+
+
+# ------------------------------------------------------------------------------ every event through call_event
+
+
+def test_every_event_goes_through_call_event(tmp_path):
+    """setfit replaces ``callback_handler.call_event`` on the instance; transformers routes every ``on_*`` event through
+    it, so such an override sees the whole run: the same events in the same order as on transformers (train with a
+    save and an evaluation, then evaluate and predict). Saves in the foreground: a background save's on_save fires
+    once its folder is complete (a deliberate difference, tested in test_async_save.py)."""
+
+    def events(lib):
+        own = {"async_save": False} if lib is cadence else {}
+        trainer = trainer_for(tmp_path / lib.__name__, lib, max_steps=4, per_device_train_batch_size=16,
+                              gradient_accumulation_steps=2, logging_steps=2, eval_strategy="steps", eval_steps=3,
+                              save_strategy="steps", save_steps=3, use_cpu=True, **own)
+        seen = []
+        handler = trainer.callback_handler
+        original = handler.call_event
+
+        def call_event(event, args, state, control, **kwargs):  # setfit's pattern: on the instance
+            seen.append(event)
+            return original(event, args, state, control, **kwargs)
+
+        handler.call_event = call_event
+        trainer.train()
+        trainer.evaluate()
+        trainer.predict(RegressionDataset(8))
+        return seen
+
+    ours, theirs = events(cadence), events(pytest.importorskip("transformers"))
+    assert ours == theirs
+    assert {"on_step_begin", "on_substep_end", "on_step_end", "on_log", "on_evaluate", "on_save", "on_predict",
+            "on_prediction_step", "on_train_end"} <= set(ours)

@@ -43,3 +43,23 @@ def test_sentence_transformers_trainer_matches_transformers(case, tmp_path):
     assert reference["weights"].keys() == ours["weights"].keys()
     for name, w in reference["weights"].items():
         assert (w - ours["weights"][name]).abs().max().item() <= TOL, name
+
+
+@pytest.mark.slow
+def test_sentence_transformer_with_evaluation_and_saves_matches_transformers(tmp_path):
+    """A whole SentenceTransformer run (issue 36): evaluations and checkpoint saves every 2 steps, then evaluate().
+    sentence-transformers' save puts the model in eval mode, so the steps after it trained without dropout where
+    transformers' training_step sets training mode again; and its evaluate() crashed without label names. Now the
+    per-step losses, eval losses, the mode after train() and the weights are transformers' (1e-5, as above)."""
+    reference = run_worker("sentence_transformer_whole", False, str(tmp_path / "hf"))
+    ours = run_worker("sentence_transformer_whole", True, str(tmp_path / "cadence"))
+    theirs = {(s, k): v for s, k, v in reference["losses"] if k not in NOT_COMPARED and "runtime" not in k
+              and "per_second" not in k}
+    mine = {(s, k): v for s, k, v in ours["losses"] if (s, k) in theirs}
+    assert sorted(mine) == sorted(theirs)
+    assert len([k for _, k in theirs if k == "eval_loss"]) == 3  # steps 2 and 4, and evaluate() after training
+    for key, value in theirs.items():
+        assert abs(mine[key] - value) <= TOL, (key, value, mine[key])
+    for name, w in reference["weights"].items():
+        assert (w - ours["weights"][name]).abs().max().item() <= TOL, name
+

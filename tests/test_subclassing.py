@@ -4,6 +4,8 @@ read exist with transformers' meaning."""
 
 import contextlib
 import io
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,8 @@ import torch
 import cadence
 from cadence import Trainer, TrainingArguments
 from tiny import RegressionDataset, RegressionModel
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "subclassing.md"
 
 
 def args(out, **kw):
@@ -82,3 +86,30 @@ def test_question_answering_label_names_like_transformers(tmp_path):
     assert expected == ["start_positions", "end_positions"]
     assert Trainer(model, args(tmp_path)).label_names == expected
     assert cadence.Trainer(transformers.BertForSequenceClassification(config), args(tmp_path)).label_names == ["labels"]
+
+
+def test_the_audit_table_covers_every_transformers_trainer_method():
+    """docs/subclassing.md's audit lists every method of transformers' Trainer once; a method marked same, thin wrapper
+    or refused exists on cadence's Trainer, one marked not applicable does not (nothing pretends to call its
+    override), and every test a row names exists."""
+    transformers = pytest.importorskip("transformers")
+    text = DOC.read_text()
+    audit = text[text.index("## The audit"):]
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|[^|]*\| ([^|]*) \|$", audit, flags=re.M)
+    listed = [name for name, _, _ in rows]
+    theirs = sorted(n for n in dir(transformers.Trainer) if not (n.startswith("__") and n.endswith("__")))
+    assert sorted(listed) == theirs  # each once, none missing
+    tests_dir = Path(__file__).resolve().parent
+    for name, status, tests in rows:
+        status = status.strip()
+        if status in ("same", "thin wrapper", "refused"):
+            assert hasattr(cadence.Trainer, name), name
+        elif status == "not applicable":
+            assert not hasattr(cadence.Trainer, name), name
+        for file, _, test in re.findall(r"(test_\w+\.py)(::(\w+))?", tests):
+            source = tests_dir / file
+            assert source.exists(), (name, file)
+            if test:
+                assert f"def {test}(" in source.read_text(), (name, test)
+    refused = [name for name, status, _ in rows if status.strip() == "refused"]
+    assert sorted(refused) == sorted(cadence.Trainer._NOT_CALLED_BY_CADENCE)

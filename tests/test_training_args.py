@@ -630,3 +630,34 @@ def test_a_subclass_field_named_warmup_ratio_is_the_subclass_own_as_in_transform
         trainer.train()
         lrs[lib.__name__] = [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h]
     assert lrs["cadence"] == pytest.approx(lrs["transformers"], rel=1e-12)
+
+_LOG_BEFORE_TRAINER = """
+import sys, accelerate, {lib}
+from accelerate.logging import get_logger
+args = {lib}.TrainingArguments({out!r}, use_cpu=True, report_to="none")
+get_logger("library").info("between the arguments and the Trainer")  # TRL's ORPO and CPO log here
+from accelerate import PartialState
+print("state", PartialState._shared_state != {{}})
+"""
+
+
+@pytest.mark.parametrize("lib", ["transformers", "cadence"])
+def test_the_arguments_create_accelerates_state_on_one_process(tmp_path, lib):
+    """transformers' TrainingArguments create accelerate's PartialState (args.device in __post_init__) on one process
+    too, so a library logging through accelerate.logging before its Trainer (TRL's ORPO, CPO) runs; cadence's do
+    when accelerate is imported (it always is, then), and a plain run does not import accelerate at all."""
+    import subprocess
+    import sys
+
+    from dist_exit import worker_env
+
+    code = _LOG_BEFORE_TRAINER.format(lib=lib, out=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=worker_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "state True" in done.stdout
+    if lib == "cadence":
+        plain = ("import sys, cadence; cadence.TrainingArguments(%r, use_cpu=True, report_to='none'); "
+                 "print('accelerate' in sys.modules)" % str(tmp_path))
+        done = subprocess.run([sys.executable, "-c", plain], env=worker_env(), capture_output=True, text=True,
+                              timeout=120)
+        assert done.stdout.strip().splitlines()[-1] == "False", done.stderr[-2000:]

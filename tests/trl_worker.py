@@ -83,12 +83,12 @@ def rows(case: str, n: int = 16) -> list[dict]:
             for i, row in enumerate(out):
                 row["label"] = i % 2 == 0
         return out
-    if case.startswith("dpo"):
+    if case.startswith("dpo") or case in ("orpo", "cpo"):
         return [{"prompt": sentence(i, 3), "chosen": sentence(i + 1, 4), "rejected": sentence(i + 5, 3)}
                 for i in range(n)]
     if case == "reward":
         return [{"chosen": sentence(i, 6), "rejected": sentence(i + 3, 5)} for i in range(n)]
-    if case in ("grpo", "rloo", "distillation"):
+    if case in ("grpo", "rloo", "distillation", "online_dpo"):
         return [{"prompt": sentence(i, 3)} for i in range(n)]
     raise ValueError(f"unknown case {case!r}")
 
@@ -151,6 +151,19 @@ def build(case: str, out_dir: str, max_steps: int, save_steps: int | None, batch
         args = trl.DistillationConfig(**common, max_completion_length=6)
         return trl.DistillationTrainer(model=model(tok), teacher_model=model(tok, seed=1), args=args,
                                        train_dataset=data, processing_class=tok)
+    if case in ("orpo", "cpo"):  # they log through accelerate.logging before their Trainer exists
+        from trl.experimental.cpo import CPOConfig, CPOTrainer
+        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+        config, trainer = (ORPOConfig, ORPOTrainer) if case == "orpo" else (CPOConfig, CPOTrainer)
+        args = config(**common, max_length=64)
+        return trainer(model=model(tok), args=args, train_dataset=data, processing_class=tok)
+    if case == "online_dpo":  # overrides _maybe_log_save_evaluate with transformers' signature; a function as reward
+        from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
+
+        args = OnlineDPOConfig(**common, max_new_tokens=6, max_length=64)
+        return OnlineDPOTrainer(model=saved(tok, out_dir), reward_funcs=toy_reward, args=args, train_dataset=data,
+                                processing_class=tok)
     raise ValueError(f"unknown case {case!r}")
 
 

@@ -200,7 +200,9 @@ class Trainer:
         self.label_smoother = loss_utils.label_smoother_for(model, args.label_smoothing_factor)
         self.model_accepts_loss_kwargs = self._accepts_loss_kwargs(model)
         self._shifts_labels = data.loss_shifts_labels(model)
+        # transformers' find_labels and can_return_loss, read from the model's class (a PEFT model: its base model's)
         self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
+        self.can_return_loss = self._can_return_loss(model)
         self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         params = inspect.signature(self.compute_loss).parameters  # a subclass's override may not take the count
         self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
@@ -297,11 +299,30 @@ class Trainer:
 
     @staticmethod
     def _default_label_names(model: nn.Module) -> list[str]:
-        """transformers' ``find_labels``: parameters named like labels; a question-answering model's span positions."""
-        params = inspect.signature(model.forward).parameters
+        """transformers' ``find_labels``: the forward's parameters named like labels (a question-answering model's
+        span positions too); ``[]`` for a model that takes none (sentence-transformers'), as in transformers."""
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: its base
+        params = inspect.signature(type(model).forward).parameters
         qa = "QuestionAnswering" in type(model).__name__
-        names = [n for n in params if "label" in n or (qa and n in ("start_positions", "end_positions"))]
-        return names or ["labels"]
+        return [n for n in params if "label" in n or (qa and n in ("start_positions", "end_positions"))]
+
+    @staticmethod
+    def _can_return_loss(model: nn.Module) -> bool:
+        """transformers' ``can_return_loss``: the forward has ``return_loss=True`` (CLIP-like models), so evaluation
+        asks it for a loss without labels."""
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        param = inspect.signature(type(model).forward).parameters.get("return_loss")
+        return param is not None and param.default is True
+
+    @staticmethod
+    def _transformers_accepts_loss_kwargs(model: nn.Module) -> bool:
+        """transformers' ``model_accepts_loss_kwargs`` (the flag, else any ``**kwargs`` forward): where transformers
+        counts a step's items for ``compute_loss``."""
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        flag = getattr(model, "accepts_loss_kwargs", None)
+        if flag is not None:
+            return bool(flag)
+        return any(p.kind == p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values())
 
     @staticmethod
     def _default_collator(processing_class: Any) -> Callable:
@@ -664,7 +685,7 @@ class Trainer:
             self.optimizer = self.lr_scheduler = None
         if resume_from_checkpoint is not None:
             logger.info("resuming from %s", resume_from_checkpoint)
-            self._load_from_checkpoint(resume_from_checkpoint)
+            self._load_from_checkpoint(str(resume_from_checkpoint))  # a str, as transformers passes (libraries join it)
         if self.args.use_liger_kernel:  # as transformers: patched by train(), after model_init made the model
             liger.apply(self.backend.unwrap(self.model), self.args.liger_kernel_config)
         if self.args.activation_checkpointing:  # as transformers: on from train() on (enabling twice is harmless)
@@ -750,6 +771,10 @@ class Trainer:
         job = output_guard.job_identity()  # saved with the data's identity: a restarted torchrun job finds its own
         loop = LoopState(self.backend, args.logging_nan_inf_filter, tokens, layout, batches_per_epoch,
                          {**data_identity(self.train_dataset), **({"job": job} if job else {})})
+        # transformers counts a step's items for compute_loss whenever the batches have labels and the model takes loss
+        # kwargs (or a compute_loss_func is set); cadence too, besides where its own weighting needs the count
+        loop.count_items = (loop.count_items or self.compute_loss_func is not None
+                            or self._transformers_accepts_loss_kwargs(self.model))
         resume = None
         if resume_from_checkpoint is not None:
             resume = save_load.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
@@ -766,7 +791,9 @@ class Trainer:
         model.train()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start:
-            self._evaluate(ignore_keys_for_eval)
+            self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
+        # a subclass's _maybe_log_save_evaluate (transformers' signature) reads tr_loss: the step's losses folded in
+        override_logs = type(self)._maybe_log_save_evaluate is not Trainer._maybe_log_save_evaluate
 
         first_epoch = 0 if resume is None else resume.epoch
         ga = layout.gradient_accumulation_steps
@@ -788,7 +815,10 @@ class Trainer:
                     self.backend.empty_cache()
                 self.state.epoch = epoch + loop.batches_in_epoch / batches_per_epoch if batches_per_epoch else None
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                self._maybe_log_save_evaluate(loop, ignore_keys_for_eval)
+                if override_logs:
+                    loop.fold()
+                self._maybe_log_save_evaluate(loop.sum, loop.grad_norm, model, trial, epoch, ignore_keys_for_eval,
+                                              loop.start_time, learning_rate=loop.learning_rate)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
             if batches_per_epoch is None and loop.batches_in_epoch == 0:
@@ -800,7 +830,10 @@ class Trainer:
             self._collect_save(wait=last, reason="the last epoch ends")
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             loop.epoch, loop.batches_in_epoch = epoch + 1, 0
-            self._maybe_log_save_evaluate(loop, ignore_keys_for_eval)
+            if override_logs:
+                loop.fold()
+            self._maybe_log_save_evaluate(loop.sum, loop.grad_norm, model, trial, epoch, ignore_keys_for_eval,
+                                          loop.start_time, learning_rate=loop.learning_rate)
             if self.control.should_training_stop:
                 break
 
@@ -924,7 +957,26 @@ class Trainer:
         for p in params:  # model.zero_grad(set_to_none=True), without walking the module tree every step
             p.grad = None
 
-    def _maybe_log_save_evaluate(self, loop: LoopState, ignore_keys_for_eval) -> None:
+    def _maybe_log_save_evaluate(self, tr_loss: torch.Tensor, grad_norm: torch.Tensor | float | None, model: nn.Module,
+                                 trial: Any, epoch: int, ignore_keys_for_eval: list[str] | None, start_time: float,
+                                 learning_rate: float | None = None) -> None:
+        """Log, evaluate and save as ``self.control`` asks (after each optimizer step and each epoch's end).
+
+        transformers' signature and arguments, for subclasses that override it (TRL's online DPO):
+
+        Args:
+            tr_loss: the sum of the step losses since the last log on this process (float64; cadence's own log
+                reads the same sum). An override that logs itself resets it in place (``tr_loss -= tr_loss``) and
+                moves ``self._globalstep_last_logged`` and ``self._total_loss_scalar``, as in transformers.
+            grad_norm: the last step's gradient norm (None without clipping).
+            model: the model being trained (wrapped).
+            trial: the hyperparameter-search trial, or None.
+            epoch: the index of the current epoch.
+            ignore_keys_for_eval: output keys left out of predictions in evaluation.
+            start_time: when this ``train()`` call started.
+            learning_rate: the learning rate the last step used.
+        """
+        loop = self._loop
         self._collect_save(wait=False)  # a background save written since: on_save now (its error: raised now)
         if self.control.should_log or self.control.should_save:
             self._store_counts(loop)
@@ -943,32 +995,67 @@ class Trainer:
                                loop.skipped, loop.last_logged_step + 1, self.state.global_step)
                 loop.skipped_total += loop.skipped
                 loop.skipped = 0
-            if loop.grad_norm is not None:
-                logs["grad_norm"] = loop.grad_norm.item()
-            logs["learning_rate"] = loop.learning_rate
+            if grad_norm is not None:
+                logs["grad_norm"] = grad_norm.item() if torch.is_tensor(grad_norm) else grad_norm
+            logs["learning_rate"] = learning_rate if learning_rate is not None else self._get_learning_rate()
             loop.last_logged_step = self.state.global_step
-            self.log(logs, loop.start_time)
+            self.log(logs, start_time)
         if self.control.should_evaluate:
-            metrics = self._evaluate(ignore_keys_for_eval)
-            if self._trial is not None:  # a search's trial: report the objective (optuna may stop the trial here)
-                from . import hyperparameter_search
-                hyperparameter_search.report(self, metrics)
-            if isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):
-                self.lr_scheduler.step(evaluation.best_metric_value(metrics, self.args.metric_for_best_model or "loss"))
-            is_new_best = self._determine_best_metric(metrics)
+            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            is_new_best = self._determine_best_metric(metrics, trial)
             if self.args.save_strategy == "best":  # save exactly when the evaluation improved
                 self.control.should_save = is_new_best
         if self.control.should_save:
-            self._save_checkpoint(self.model_wrapped, None)  # transformers' call: TRL overrides it as (model, trial)
+            self._save_checkpoint(model, trial)  # transformers' call: TRL overrides it as (model, trial)
             if self._unannounced_save is None:  # written: on_save now
                 self.control = self.callback_handler.on_save(self.args, self.state, self.control)
             else:  # on_save fires once the folder is complete (_collect_save); the request is served as at once
                 self.control.should_save = False
 
-    def _evaluate(self, ignore_keys_for_eval=None) -> dict[str, float]:
+    def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False) -> dict[str, float]:
+        """Evaluate during training, report to the hyperparameter search's ``trial`` (optuna may stop it here), and
+        step a scheduler that steps on metrics (``ReduceLROnPlateau``, GreedyLR) unless ``skip_scheduler``
+        (transformers' method; the model stays in eval mode until the next ``training_step``, as there)."""
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
-        self.model_wrapped.train()
+        if getattr(self, "_trial", None) is not None:  # a search's trial (the same object as ``trial``)
+            from . import hyperparameter_search
+            hyperparameter_search.report(self, metrics)
+        if isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS) and not skip_scheduler:
+            self.lr_scheduler.step(evaluation.best_metric_value(metrics, self.args.metric_for_best_model or "loss"))
         return metrics
+
+    def _get_learning_rate(self) -> float:
+        """The learning rate of the optimizer's first group now (transformers' method)."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    # transformers' names for the loop's loss bookkeeping, read and moved by overrides of _maybe_log_save_evaluate:
+    # views of the running train()'s LoopState, so cadence's logs and train_loss see what an override did
+    @property
+    def _globalstep_last_logged(self) -> int:
+        return self._running_loop().last_logged_step
+
+    @_globalstep_last_logged.setter
+    def _globalstep_last_logged(self, step: int) -> None:
+        self._running_loop().last_logged_step = step
+
+    @property
+    def _total_loss_scalar(self) -> float:
+        return self._running_loop().total
+
+    @_total_loss_scalar.setter
+    def _total_loss_scalar(self, value: float) -> None:
+        self._running_loop().total = value
+
+    @property
+    def _tr_loss(self) -> torch.Tensor:
+        loop = self._running_loop()
+        loop.fold()
+        return loop.sum
+
+    def _running_loop(self) -> LoopState:
+        if self._loop is None:
+            raise AttributeError("the loop's loss counters exist once train() has started")
+        return self._loop
 
     def _determine_best_metric(self, metrics: dict[str, float], trial: Any = None) -> bool:
         """Update ``state.best_metric`` / ``best_global_step`` from an evaluation; True on a new best."""
@@ -1030,7 +1117,8 @@ class Trainer:
         optimization.set_optimizer_mode(self.optimizer, training=False)  # schedule-free: end on the averaged weights
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
-        self.model.eval()
+        # the model stays in the mode its last step or evaluation left it in (training mode after a step), as in
+        # transformers
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
         return TrainOutput(self.state.global_step, train_loss, metrics)
 
@@ -1044,6 +1132,7 @@ class Trainer:
             inputs: the micro-batch.
             num_items_in_batch: items of the whole optimizer step over all processes (None when not counted).
         """
+        model.train()  # every step, as transformers: a save or a callback in between may have left it in eval mode
         inputs = self._prepare_inputs(inputs)  # a subclass may build the batch here (TRL's GRPO generates)
         checks.check_batch(inputs)
         optimization.set_optimizer_mode(self.optimizer, training=True)  # schedule-free: back to its training point
@@ -1341,18 +1430,23 @@ class Trainer:
             prediction_loss_only: return only the loss.
             ignore_keys: output keys to drop from the logits.
         """
+        mapping = isinstance(inputs, Mapping)
+        has_labels = mapping and len(self.label_names) > 0 and all(inputs.get(k) is not None for k in self.label_names)
+        # transformers: a model without label arguments is asked for its loss when it can return one (CLIP-like models;
+        # sentence-transformers sets can_return_loss) or the batch says return_loss
+        return_loss = inputs.get("return_loss") if mapping else None
+        loss_without_labels = not self.label_names and (self.can_return_loss if return_loss is None else return_loss)
         inputs = self._prepare_inputs(inputs)  # a subclass's override (TRL's GRPO generates here), as in transformers
         checks.check_batch(inputs)
-        has_labels = isinstance(inputs, Mapping) and all(inputs.get(k) is not None for k in self.label_names)
         if ignore_keys is None:  # HF's default: the config's list, else ["cache"]; no config, nothing
             config = getattr(self.model, "config", None)
             ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["cache"]) or []) if config is not None else []
         labels = None
-        if has_labels:
-            labels = tuple(inputs[k].detach() for k in self.label_names)
+        if has_labels or loss_without_labels:
+            labels = tuple(inputs[k].detach() for k in self.label_names)  # () without label names, as transformers
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad(), self.compute_loss_context_manager():
-            if has_labels:
+            if has_labels or loss_without_labels:
                 # the batch's items, as in training (a compute_loss_func divides by it); a subclass's own compute_loss
                 # gets none, as in transformers (TRL's scale a loss given items by the number of processes)
                 items = data.batch_items(inputs, self._shifts_labels)
@@ -1366,7 +1460,7 @@ class Trainer:
                 loss, skip = None, set(ignore_keys)
         if prediction_loss_only:
             return loss, None, None
-        logits = evaluation.outputs_to_logits(outputs, skip, has_labels)
+        logits = evaluation.outputs_to_logits(outputs, skip, has_labels or loss_without_labels)
         return loss, logits, labels
 
     # ------------------------------------------------------------------ saving and loading
@@ -1467,6 +1561,19 @@ class Trainer:
         """Load the weights of a checkpoint folder into ``model`` (default ``self.model``): safetensors or
         ``weights_only`` files, sharded, PEFT adapters (transformers' method; ``train()`` resumes through it)."""
         self.backend.load_model_weights(model if model is not None else self.model, resume_from_checkpoint)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """Warn about the missing and unexpected keys of ``load_result`` (what ``load_state_dict`` returns); keys
+        missing only because the model does not save them (``_keys_to_ignore_on_save``) re-tie its weights instead
+        (transformers' method, which libraries' ``_load_from_checkpoint`` call)."""
+        ignored = getattr(self.model, "_keys_to_ignore_on_save", None)
+        if load_result.missing_keys:
+            if ignored and set(load_result.missing_keys) == set(ignored):
+                self.model.tie_weights()
+            else:
+                logger.warning(f"There were missing keys in the checkpoint model loaded: {load_result.missing_keys}.")
+        if load_result.unexpected_keys:
+            logger.warning(f"There were unexpected keys in the checkpoint model loaded: {load_result.unexpected_keys}.")
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """Load the optimizer's and scheduler's states of a checkpoint folder (transformers' method). A resume
@@ -1734,8 +1841,11 @@ class Trainer:
     # ------------------------------------------------------------------ transformers' other public helpers
 
     def store_flos(self) -> None:
-        """Kept for transformers' API: cadence adds every process's FLOPs to ``state.total_flos`` at each log,
-        save and at the end of ``train()``, so there is nothing pending to store."""
+        """Add every process's FLOPs and input tokens so far to ``state.total_flos`` / ``num_input_tokens_seen``
+        (every process calls it). cadence's loop does it at each log, save and at the end of ``train()``; an
+        override of ``_maybe_log_save_evaluate`` that logs itself calls this, as in transformers."""
+        if self.is_in_train and self._loop is not None:
+            self._store_counts(self._loop)
 
     def get_num_trainable_parameters(self) -> int:
         """Elements of the parameters that require a gradient."""

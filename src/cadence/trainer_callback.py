@@ -557,62 +557,63 @@ class CallbackHandler(TrainerCallback):
             raise
         return control
 
-    # One thin method per event; some reset the switches the event consumes (see module docstring).
-    # They go to _dispatch directly: forwarding **kwargs through call_event costs a dict per event.
+    # One thin method per event; some reset the switches the event consumes (see module docstring). Every one goes
+    # through call_event, as in transformers: a library that replaces call_event on the instance (setfit) or in a
+    # subclass sees every event.
 
     def on_init_end(self, args, state, control, **kwargs):
-        return self._dispatch("on_init_end", args, state, control, kwargs)
+        return self.call_event("on_init_end", args, state, control, **kwargs)
 
     def on_train_begin(self, args, state, control, **kwargs):
         control._new_training()
-        return self._dispatch("on_train_begin", args, state, control, kwargs)
+        return self.call_event("on_train_begin", args, state, control, **kwargs)
 
     def on_train_end(self, args, state, control, **kwargs):
-        return self._dispatch("on_train_end", args, state, control, kwargs)
+        return self.call_event("on_train_end", args, state, control, **kwargs)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         control._new_epoch()
-        return self._dispatch("on_epoch_begin", args, state, control, kwargs)
+        return self.call_event("on_epoch_begin", args, state, control, **kwargs)
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        return self._dispatch("on_epoch_end", args, state, control, kwargs)
+        return self.call_event("on_epoch_end", args, state, control, **kwargs)
 
     def on_step_begin(self, args, state, control, **kwargs):
         control._new_step()
-        return self._dispatch("on_step_begin", args, state, control, kwargs)
+        return self.call_event("on_step_begin", args, state, control, **kwargs)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        return self._dispatch("on_pre_optimizer_step", args, state, control, kwargs)
+        return self.call_event("on_pre_optimizer_step", args, state, control, **kwargs)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        return self._dispatch("on_optimizer_step", args, state, control, kwargs)
+        return self.call_event("on_optimizer_step", args, state, control, **kwargs)
 
     def on_substep_end(self, args, state, control, **kwargs):
-        return self._dispatch("on_substep_end", args, state, control, kwargs)
+        return self.call_event("on_substep_end", args, state, control, **kwargs)
 
     def on_step_end(self, args, state, control, **kwargs):
-        return self._dispatch("on_step_end", args, state, control, kwargs)
+        return self.call_event("on_step_end", args, state, control, **kwargs)
 
     def on_evaluate(self, args, state, control, metrics, **kwargs):
         control.should_evaluate = False
-        return self._dispatch("on_evaluate", args, state, control, {"metrics": metrics, **kwargs})
+        return self.call_event("on_evaluate", args, state, control, metrics=metrics, **kwargs)
 
     def on_predict(self, args, state, control, metrics, **kwargs):
-        return self._dispatch("on_predict", args, state, control, {"metrics": metrics, **kwargs})
+        return self.call_event("on_predict", args, state, control, metrics=metrics, **kwargs)
 
     def on_save(self, args, state, control, **kwargs):
         control.should_save = False
-        return self._dispatch("on_save", args, state, control, kwargs)
+        return self.call_event("on_save", args, state, control, **kwargs)
 
     def on_log(self, args, state, control, logs, **kwargs):
         control.should_log = False
-        return self._dispatch("on_log", args, state, control, {"logs": logs, **kwargs})
+        return self.call_event("on_log", args, state, control, logs=logs, **kwargs)
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        return self._dispatch("on_prediction_step", args, state, control, kwargs)
+        return self.call_event("on_prediction_step", args, state, control, **kwargs)
 
     def on_push_begin(self, args, state, control, **kwargs):
-        return self._dispatch("on_push_begin", args, state, control, kwargs)
+        return self.call_event("on_push_begin", args, state, control, **kwargs)
 
 
 def _is(strategy, name: str) -> bool:

@@ -1515,11 +1515,16 @@ def _build_accelerator_config(args: TrainingArguments) -> None:
 
 
 def _start_process_state(args: TrainingArguments) -> None:
-    """On several processes, accelerate's ``PartialState`` with the run's settings exists once the arguments do (as
-    in transformers), so a library's own bare ``PartialState()`` (TRL's dataset preparation makes one) reuses it
+    """accelerate's ``PartialState`` with the run's settings exists once the arguments do (as in transformers).
+    On several processes, a library's own bare ``PartialState()`` (TRL's dataset preparation makes one) then reuses it
     instead of creating one without them (on a machine without a GPU: no distributed state, each process training
-    alone). DeepSpeed's state is left to the Trainer's accelerator, which sets it up for DeepSpeed."""
-    if args.world_size > 1 and not args.deepspeed:
+    alone). On one process, libraries log through ``accelerate.logging`` between their arguments and their Trainer
+    (TRL's ORPO and CPO), which needs the state; it is created when accelerate is imported already (every library
+    that uses it imported it), so a plain run never imports accelerate (0.2 s). DeepSpeed's state is left to the
+    Trainer's accelerator, which sets it up for DeepSpeed."""
+    if args.deepspeed:
+        return
+    if args.world_size > 1 or "accelerate" in sys.modules:
         args.distributed_state  # noqa: B018 - the cached property creates the state
 
 
