@@ -61,7 +61,8 @@ def test_resume_with_another_batch_continues_from_the_next_sample(tmp_path, capl
     _, _, reference = run(str(tmp_path / "full"))
     out = str(tmp_path / "run")
     _, _, first = run(out, stop=stop)
-    assert first == reference[: stop * 4]
+    # a stopped run has collated one batch ahead (transformers' look-ahead): read, never trained
+    assert first[: stop * 4] == reference[: stop * 4] and len(first) - stop * 4 in (0, 4)
     caplog.set_level(logging.WARNING, logger="cadence")
     trainer, result, resumed = run(out, resume=True, **kw)
     seen = stop * 4  # samples trained before the checkpoint
@@ -96,7 +97,7 @@ def test_resume_twice_after_a_batch_change_stays_on_the_order(tmp_path):
     out = str(tmp_path / "run")
     run(out, stop=2)  # 8 samples, batch 4
     _, _, middle = run(out, stop=6, resume=True, per_device_train_batch_size=2, save_steps=6)  # 4 steps of 2 -> 16
-    assert middle == reference[8:16]
+    assert middle[:8] == reference[8:16] and len(middle) - 8 in (0, 2)  # (+ the batch collated ahead)
     _, _, last = run(out, resume=True, per_device_train_batch_size=2)
     assert last == reference[16:]
 
@@ -191,6 +192,6 @@ def test_stream_resume_with_another_batch_continues_after_the_trained_samples(tm
     caplog.set_level(logging.WARNING, logger="cadence")
     resumed = stream_run(out, 2, resume=True)
     rows = [float(r["input_x"]) for r in Stream(RegressionDataset(64))]
-    assert first == rows[:12]
-    assert resumed[12:] == rows[12:22]  # 12 samples read again and dropped (6 batches of 2), then 5 steps of 2
+    assert first[:12] == rows[:12] and len(first) - 12 in (0, 4)  # (+ the batch collated ahead)
+    assert resumed[12:22] == rows[12:22] and len(resumed) - 22 in (0, 2)  # (+ the batch collated ahead)  # 12 samples read again and dropped (6 batches of 2), then 5 steps of 2
     assert WARNING in caplog.text
