@@ -1030,21 +1030,10 @@ class Trainer:
 
     # transformers' names for the loop's loss bookkeeping, read and moved by overrides of _maybe_log_save_evaluate:
     # views of the running train()'s LoopState, so cadence's logs and train_loss see what an override did
-    @property
-    def _globalstep_last_logged(self) -> int:
-        return self._running_loop().last_logged_step
-
-    @_globalstep_last_logged.setter
-    def _globalstep_last_logged(self, step: int) -> None:
-        self._running_loop().last_logged_step = step
-
-    @property
-    def _total_loss_scalar(self) -> float:
-        return self._running_loop().total
-
-    @_total_loss_scalar.setter
-    def _total_loss_scalar(self, value: float) -> None:
-        self._running_loop().total = value
+    _globalstep_last_logged = property(lambda self: self._running_loop().last_logged_step,
+                                       lambda self, step: setattr(self._running_loop(), "last_logged_step", step))
+    _total_loss_scalar = property(lambda self: self._running_loop().total,
+                                  lambda self, value: setattr(self._running_loop(), "total", value))
 
     @property
     def _tr_loss(self) -> torch.Tensor:
