@@ -6,6 +6,7 @@ that drift in machine load hits every runner alike; the table shows medians and 
     .venv/bin/python benchmarks/bench_loop.py                  # all workloads, 5 repeats
     .venv/bin/python benchmarks/bench_loop.py --quick          # shorter runs, 3 repeats
     .venv/bin/python benchmarks/bench_loop.py --workloads mlp --runners plain,cadence
+    .venv/bin/python benchmarks/bench_loop.py --threads 1 --clock cpu   # on a machine other jobs share
 """
 
 from __future__ import annotations
@@ -144,7 +145,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true", help="shorter runs and 3 repeats, for iterating")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads for every runner (default: torch's default)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="time train() by wall time, or by this process's CPU time (steadier on a shared machine)")
     a = p.parse_args(argv)
+    common.CLOCK = time.process_time if a.clock == "cpu" else time.perf_counter
     repeats = a.repeats or (3 if a.quick else 5)
 
     # the same thread count for every runner; set explicitly so no library changes it between runs
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  sanity ({time.perf_counter() - t0:.0f}s total): {info}")
     print()
     print(table(results, workloads, skipped))
-    print("ratios are of medians of train() wall time (and of the fastest rounds, less hurt by other "
+    print(f"ratios are of medians of train() {a.clock} time (and of the fastest rounds, less hurt by other "
           "jobs); the target applies to cadence/plain; '(noisy)': a runner's rounds spread over "
           f"{100 * NOISY_SPREAD:.0f}%.")
     return {"results": results, "skipped": skipped}

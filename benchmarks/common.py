@@ -34,6 +34,10 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 logger = logging.getLogger(__name__)
 
 SEED = 42
+# what a timed run is measured with: wall time (default), or this process's CPU time (``--clock cpu``): on a machine
+# that other jobs share, CPU time counts only the work the run itself did (with --threads 1 its ratios stay put while
+# wall time swings tenfold), but it misses time spent waiting (I/O, a background thread's join)
+CLOCK = time.perf_counter
 RUNNERS = ("plain", "cadence", "hf")
 
 # The trainers (HF 5.x, and cadence which copies its defaults) pick fused AdamW on torch >= 2.8.
@@ -440,9 +444,9 @@ def run_trainer(lib: str, wl: Workload) -> tuple[float, dict]:
         trainer = build_trainer(lib, wl, out)
         # PrinterCallback (disable_tqdm=True) prints each log dict; keep the table readable
         with contextlib.redirect_stdout(io.StringIO()):
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             result = trainer.train()
-            dt = time.perf_counter() - t0
+            dt = CLOCK() - t0
         opt = trainer.optimizer
         info = {"loss": result.training_loss,
                 "optimizer": f"{type(opt).__name__}(fused={opt.defaults.get('fused')})"}
@@ -453,9 +457,9 @@ def run_plain(wl: Workload) -> tuple[float, dict]:
     """Time the plain loop (set-up of loader/optimizer/scheduler included, like ``train()``)."""
     model, data = fresh_model(wl), wl.make_data()
     torch.manual_seed(SEED)  # the trainers reseed in __init__: same dropout draws
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     logged = plain_train(model, data, wl)
-    dt = time.perf_counter() - t0
+    dt = CLOCK() - t0
     full, tail = divmod(wl.steps, wl.logging_steps)
     weights = [wl.logging_steps] * full + ([tail] if tail else [])
     mean = sum(w * x for w, x in zip(weights, logged)) / wl.steps  # train_loss, as the trainers report it
