@@ -29,7 +29,7 @@ def pins() -> dict[str, str]:
 
 def test_readme_claims_are_equal_rows_of_the_matrix():
     claims = readme_claims((ROOT / "README.md").read_text())
-    assert len(claims) >= 11, claims  # TRL's 7 stable trainers and sentence-transformers' 4 at least
+    assert len(claims) >= 10, claims  # TRL's 7 stable trainers and sentence-transformers' 3 at least
     rows = json.loads((ROOT / "docs" / "libraries-matrix.json").read_text())["rows"]
     by_name = {(r["library"], r["trainer"]): r for r in rows}
     for library, version, trainer in claims:
