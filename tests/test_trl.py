@@ -80,15 +80,10 @@ CASES = [
 ]
 
 
-# total_flos: ORPO's and CPO's batches have no input_ids (only prompt_/chosen_/rejected_ ones), where transformers
-# counts 0 FLOPs and cadence estimates them from the rows (as for sentence-transformers' models)
-SKIP = {"orpo": {"total_flos"}, "cpo": {"total_flos"}}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_trl_trainer_matches_transformers(case, tmp_path_factory):
-    compare(result(case, False, tmp_path_factory), result(case, True, tmp_path_factory), SKIP.get(case, set()))
+    compare(result(case, False, tmp_path_factory), result(case, True, tmp_path_factory))
 
 
 @pytest.mark.slow

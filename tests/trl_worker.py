@@ -7,95 +7,44 @@
 Writes ``OUT_DIR/result.pt``: ``{"losses": [(step, key, value), ...], "weights": {name: tensor}}`` (every number
 the run logged, timings included; the test picks what to compare). With
 ``--cadence``, ``cadence.patch_transformers()`` runs before trl is imported, so every TRL class is built on cadence.
-Everything is local: a word-level tokenizer built here (chat template set by hand), Llama models from configs,
+Everything is local: the library matrix's tiny word-level tokenizer and Llama models (scripts/libraries/tiny.py),
 ``datasets.Dataset.from_list`` data.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import warnings
 
-WORDS = ("the cat dog sat ran on a mat red blue big small fast slow sun moon tree sky sea hill bird fish "
-         "yes no good bad why how what who").split()
-SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
-CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['content'] + ' </s> ' }}{% endfor %}"
-                 "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}")
+
+def _library_tiny():
+    """scripts/libraries/tiny.py, the library matrix's tiny models and data, loaded by path (tests/tiny.py is the
+    ``tiny`` of the tests)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "libraries", "tiny.py")
+    spec = importlib.util.spec_from_file_location("library_tiny", path)
+    module = sys.modules.setdefault("library_tiny", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "tokenizer"):
+        spec.loader.exec_module(module)
+    return module
+
+
+tiny = _library_tiny()
+sentence, toy_reward, model, saved = tiny.sentence, tiny.toy_reward, tiny.llama, tiny.saved_llama
+KINDS = {"sft_text": "text", "sft_packing": "text", "sft_lora": "text", "sft_chat": "messages",
+         "sft_completion": "completion", "kto": "unpaired", "reward": "implicit", "orpo": "preference",
+         "cpo": "preference", "grpo": "prompt", "rloo": "prompt", "distillation": "prompt", "online_dpo": "prompt"}
 
 
 def tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(SPECIALS + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def model(tok, kind: str = "causal", seed: int = 0):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
-
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         num_labels=1)
-    torch.manual_seed(seed)
-    cls = LlamaForSequenceClassification if kind == "reward" else LlamaForCausalLM
-    return cls(config)
-
-
-def saved(tok, out_dir: str) -> str:
-    """The initial model in a folder: trainers that build a reference model (DPO without one, RLOO, KTO) load it
-    from the policy's path. Under torchrun the first process writes it (save_pretrained writes no config on the
-    others) and the others wait for it, so none reads it half-written."""
-    import torch
-
-    folder = os.path.join(out_dir, "initial_model")
-    group = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if not group or torch.distributed.get_rank() == 0:
-        model(tok).save_pretrained(folder)
-        tok.save_pretrained(folder)
-    if group:
-        torch.distributed.barrier()
-    return folder
-
-
-def sentence(i: int, n: int = 5) -> str:
-    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n + i % 4))
+    """The matrix's word-level tokenizer with the chat specials only (no BERT tokens)."""
+    return tiny.tokenizer(specials=tiny.SPECIALS[:7])
 
 
 def rows(case: str, n: int = 16) -> list[dict]:
-    if case in ("sft_text", "sft_packing", "sft_lora"):
-        return [{"text": sentence(i, 4 + i % 5)} for i in range(n)]
-    if case == "sft_chat":
-        return [{"messages": [{"role": "user", "content": sentence(i, 3)},
-                              {"role": "assistant", "content": sentence(i + 1, 4)}]} for i in range(n)]
-    if case in ("sft_completion", "kto"):
-        out = [{"prompt": sentence(i, 3), "completion": sentence(i + 2, 4)} for i in range(n)]
-        if case == "kto":
-            for i, row in enumerate(out):
-                row["label"] = i % 2 == 0
-        return out
-    if case.startswith("dpo") or case in ("orpo", "cpo"):
-        return [{"prompt": sentence(i, 3), "chosen": sentence(i + 1, 4), "rejected": sentence(i + 5, 3)}
-                for i in range(n)]
-    if case == "reward":
-        return [{"chosen": sentence(i, 6), "rejected": sentence(i + 3, 5)} for i in range(n)]
-    if case in ("grpo", "rloo", "distillation", "online_dpo"):
-        return [{"prompt": sentence(i, 3)} for i in range(n)]
-    raise ValueError(f"unknown case {case!r}")
-
-
-def toy_reward(completions, **kwargs):
-    """More distinct words scores higher: a reward that varies over sampled completions."""
-    return [float(len(set(str(c).split()))) for c in completions]
+    return tiny.rows("preference" if case.startswith("dpo") else KINDS[case], n)
 
 
 COMMON = dict(per_device_train_batch_size=4, learning_rate=5e-3, logging_steps=1, report_to=[], save_strategy="no",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from tiny import byte_level_tokenizer, llama, saved_llama, sentence, tokenizer, toy_reward
+from tiny import byte_level_tokenizer, llama, rows, saved_llama, tokenizer, toy_reward
 
 CASES = {
     "sft": "SFTTrainer", "dpo": "DPOTrainer", "reward": "RewardTrainer", "grpo": "GRPOTrainer",
@@ -57,33 +57,6 @@ def trainers() -> list[str]:
             if n.endswith("Trainer") and isinstance(obj, type) and obj.__module__.startswith("trl.experimental"):
                 names.add(f"experimental.{n}" if n != "DPOTrainer" else f"experimental.{info.name}.{n}")
     return sorted(names)
-
-
-def rows(kind: str, n: int, offset: int = 0) -> list[dict]:
-    idx = range(offset, offset + n)
-    if kind == "text":
-        return [{"text": sentence(i, 4 + i % 5)} for i in idx]
-    if kind == "messages":
-        return [{"messages": [{"role": "user", "content": sentence(i, 3)},
-                              {"role": "assistant", "content": sentence(i + 1, 4)}]} for i in idx]
-    if kind == "completion":
-        return [{"prompt": sentence(i, 3), "completion": sentence(i + 2, 4)} for i in idx]
-    if kind == "unpaired":
-        return [{"prompt": sentence(i, 3), "completion": sentence(i + 2, 4), "label": i % 2 == 0} for i in idx]
-    if kind == "preference":
-        return [{"prompt": sentence(i, 3), "chosen": sentence(i + 1, 4), "rejected": sentence(i + 5, 3)} for i in idx]
-    if kind == "triple":
-        return [{"prompt": sentence(i, 3), "chosen": sentence(i + 1, 4), "rejected": sentence(i + 5, 3),
-                 "reference": sentence(i + 9, 4)} for i in idx]
-    if kind == "implicit":
-        return [{"chosen": sentence(i, 6), "rejected": sentence(i + 3, 5)} for i in idx]
-    if kind == "privileged":  # a prompt and the context only SDFT's teacher sees (a demonstration)
-        return [{"prompt": sentence(i, 3), "privileged_context": sentence(i + 2, 4)} for i in idx]
-    if kind == "prompt":
-        return [{"prompt": sentence(i, 3)} for i in idx]
-    if kind == "prompt_messages":
-        return [{"prompt": [{"role": "user", "content": sentence(i, 3)}]} for i in idx]
-    raise ValueError(kind)
 
 
 DATA = {"sft": "text", "dpo": "preference", "reward": "implicit", "grpo": "prompt", "rloo": "prompt",

@@ -1,4 +1,5 @@
-"""Tiny models, tokenizers and data built in the process: the matrix downloads nothing (no Hub)."""
+"""Tiny models, tokenizers and data built in the process: the matrix downloads nothing (no Hub). The main suite's
+TRL worker (tests/trl_worker.py) builds its models and data here too (loaded by path: tests/tiny.py is its ``tiny``)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['conten
                  "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}")
 
 
-def tokenizer(padding_side: str = "right"):
-    """A word-level fast tokenizer over WORDS, with a chat template set by hand."""
+def tokenizer(padding_side: str = "right", specials: list[str] = SPECIALS):
+    """A word-level fast tokenizer over ``specials`` + WORDS, with a chat template set by hand (the BERT tokens
+    [CLS]/[SEP]/[MASK] are set when ``specials`` holds them; the tests' TRL worker takes the first 7 only)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {w: i for i, w in enumerate(SPECIALS + WORDS)}
+    vocab = {w: i for i, w in enumerate(specials + WORDS)}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bert = {k: t for k, t in (("cls_token", "[CLS]"), ("sep_token", "[SEP]"), ("mask_token", "[MASK]")) if t in vocab}
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                  eos_token="</s>", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
-                                  padding_side=padding_side)
+                                  eos_token="</s>", padding_side=padding_side, **bert)
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -56,10 +58,18 @@ def llama(tok, kind: str = "causal", seed: int = 0):
 
 
 def saved_llama(tok, out_dir: str, seed: int = 0, name: str = "initial_model") -> str:
-    """A Llama in a folder, for trainers that take a path (and load a reference copy from it)."""
+    """A Llama in a folder, for trainers that take a path (and load a reference copy from it). Where a process group
+    is up, the first process writes it (save_pretrained writes no config on the others) and the others wait for it,
+    so none reads it half-written."""
+    import torch
+
     folder = os.path.join(out_dir, name)
-    llama(tok, seed=seed).save_pretrained(folder)
-    tok.save_pretrained(folder)
+    group = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not group or torch.distributed.get_rank() == 0:
+        llama(tok, seed=seed).save_pretrained(folder)
+        tok.save_pretrained(folder)
+    if group:
+        torch.distributed.barrier()
     return folder
 
 
@@ -84,6 +94,34 @@ def saved_bert(tok, out_dir: str, cls_name: str = "BertModel", seed: int = 0, **
 
 def sentence(i: int, n: int = 5) -> str:
     return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n + i % 4))
+
+
+def rows(kind: str, n: int, offset: int = 0) -> list[dict]:
+    """``n`` rows of one of TRL's dataset kinds (text, messages, prompt-completion, preference, ...)."""
+    idx = range(offset, offset + n)
+    if kind == "text":
+        return [{"text": sentence(i, 4 + i % 5)} for i in idx]
+    if kind == "messages":
+        return [{"messages": [{"role": "user", "content": sentence(i, 3)},
+                              {"role": "assistant", "content": sentence(i + 1, 4)}]} for i in idx]
+    if kind == "completion":
+        return [{"prompt": sentence(i, 3), "completion": sentence(i + 2, 4)} for i in idx]
+    if kind == "unpaired":
+        return [{"prompt": sentence(i, 3), "completion": sentence(i + 2, 4), "label": i % 2 == 0} for i in idx]
+    if kind == "preference":
+        return [{"prompt": sentence(i, 3), "chosen": sentence(i + 1, 4), "rejected": sentence(i + 5, 3)} for i in idx]
+    if kind == "triple":
+        return [{"prompt": sentence(i, 3), "chosen": sentence(i + 1, 4), "rejected": sentence(i + 5, 3),
+                 "reference": sentence(i + 9, 4)} for i in idx]
+    if kind == "implicit":
+        return [{"chosen": sentence(i, 6), "rejected": sentence(i + 3, 5)} for i in idx]
+    if kind == "privileged":  # a prompt and the context only SDFT's teacher sees (a demonstration)
+        return [{"prompt": sentence(i, 3), "privileged_context": sentence(i + 2, 4)} for i in idx]
+    if kind == "prompt":
+        return [{"prompt": sentence(i, 3)} for i in idx]
+    if kind == "prompt_messages":
+        return [{"prompt": [{"role": "user", "content": sentence(i, 3)}]} for i in idx]
+    raise ValueError(kind)
 
 
 def toy_reward(completions, **kwargs):

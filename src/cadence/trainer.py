@@ -1241,9 +1241,10 @@ class Trainer:
         )
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> float:
-        """Forward and backward FLOPs of one batch: the model's ``floating_point_ops(inputs)`` when it
-        has one, else 6 x parameters x tokens of the main input (samples when there is none); for
-        ``transformers`` models the parameters exclude the embeddings, as HF counts.
+        """Forward and backward FLOPs of one batch, counted as transformers counts them: 6 x parameters (embeddings
+        excluded) x positions of the model's main input, or 0 (transformers' "unknown") for a model without
+        ``num_parameters`` or a batch without the main input (sentence-transformers' ``anchor_input_ids``, ORPO's
+        ``chosen_input_ids``), so ``total_flos`` is the number transformers logs. Override it for another count.
 
         Args:
             inputs: the batch.
@@ -1251,16 +1252,12 @@ class Trainer:
         model = self.model
         rate = self.__dict__.get("_flops_rate")
         if rate is None or rate[0] is not model:  # looked up once per model: this runs every micro-batch
-            own = getattr(model, "floating_point_ops", None)
-            if callable(getattr(model, "num_parameters", None)):
-                params = model.num_parameters(exclude_embeddings=True)
-            else:
-                params = sum(p.numel() for p in model.parameters())
-            rate = self._flops_rate = (model, own if callable(own) else None, getattr(model, "main_input_name", "input_ids"), 6.0 * params)
-        _, own, main_input, per_token = rate
-        if own is not None and isinstance(inputs, Mapping):
-            return float(own(inputs))
-        return per_token * data.batch_tokens(inputs, main_input)
+            count = getattr(model, "num_parameters", None)
+            per_token = 6.0 * count(exclude_embeddings=True) if callable(count) else 0.0
+            rate = self._flops_rate = (model, getattr(model, "main_input_name", "input_ids"), per_token)
+        _, main_input, per_token = rate
+        ids = inputs.get(main_input) if isinstance(inputs, Mapping) else None
+        return per_token * ids.numel() if torch.is_tensor(ids) else 0.0
 
     # ------------------------------------------------------------------ evaluation and prediction: evaluate/predict -> evaluation_loop -> prediction_step
 
