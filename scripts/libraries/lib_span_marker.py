@@ -1,9 +1,17 @@
 """SpanMarker's Trainer (``span_marker.Trainer``, on transformers 4.x: it pins transformers <5) on a SpanMarkerModel
-over a tiny local BERT; 16 sentences tagged with IOB entity labels."""
+over a tiny local BERT; 16 sentences tagged with IOB entity labels.
+
+SpanMarker's evaluation calls ``evaluate.load("seqeval")``, which reads ``./seqeval/seqeval.py`` from the working
+directory before asking the Hub: the worker runs in ``metrics/``, where our own metric of that name (over the
+``seqeval`` package) lies, so evaluating downloads nothing."""
 
 from __future__ import annotations
 
+import os
+
 from tiny import saved_bert, sentence, tokenizer
+
+METRICS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics")
 
 CASES = {"span_marker": "span_marker.Trainer"}
 LABELS = ["O", "B-animal", "I-animal", "B-colour", "I-colour"]
@@ -31,6 +39,7 @@ def build(case: str, out_dir: str, common: dict):
     from span_marker import SpanMarkerModel, Trainer
     from transformers import TrainingArguments
 
+    os.chdir(METRICS)  # evaluate.load("seqeval") -> metrics/seqeval/seqeval.py (the worker's paths are absolute)
     folder = saved_bert(tokenizer(), out_dir)
     torch.manual_seed(0)
     model = SpanMarkerModel.from_pretrained(folder, labels=LABELS, model_max_length=64, entity_max_length=4)
