@@ -61,7 +61,8 @@ VENV_PACKAGES = {"setfit": ["setfit", "datasets"], "gliner": ["gliner", "dataset
 TORCH = os.environ.get("TORCH", "torch==2.13.0")  # the CPU build on these machines' disk, as the Makefile's TORCH
 FAST = {"trl": ["sft", "dpo"], "sentence-transformers": ["sentence_transformer"]}
 # the 2-process column's rows (torchrun launches cost minutes on a shared 2-core machine)
-TWO_PROCESS_CASES = {"trl": ["sft", "dpo"], "sentence-transformers": ["sentence_transformer", "cross_encoder"]}
+TWO_PROCESS_CASES = {"trl": ["sft", "dpo"], "sentence-transformers": ["sentence_transformer", "cross_encoder"],
+                     "span-marker": ["span_marker"]}
 TIMES = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "eval_runtime",
          "eval_samples_per_second", "eval_steps_per_second"}
 TOL, TOL_BF16 = 1e-5, 1e-3
@@ -159,6 +160,14 @@ def diff_logs(a: dict, b: dict, after: int = 0, ignore: frozenset = frozenset())
             "keys": sorted({k[1] for k in set(x) ^ set(y)} - ignore)}
 
 
+def as_logged_by(run: dict, hf: dict | None) -> dict:
+    """``run`` (cadence's) with each step's ``loss`` as transformers 4.x logs it, rounded to 4 decimals, when ``hf``
+    ran on 4.x (transformers 5 and cadence log it unrounded): compared so, the two logs are the same numbers."""
+    if hf is None or not hf["versions"]["transformers"].startswith("4."):
+        return run
+    return {**run, "logs": [(s, k, round(v, 4) if k == "loss" else v) for s, k, v in run["logs"]]}
+
+
 def diff_weights(a: dict, b: dict) -> float:
     if a["weights"].keys() != b["weights"].keys():
         return float("inf")
@@ -194,8 +203,10 @@ def row(library: str, case: str, trainer: str, hf_out: str, cd_out: str, two: tu
         notes.append(f"transformers' run failed: {hf_err}")
         ok = False
     else:
-        d = diff_logs(hf, cd)
+        d = diff_logs(hf, as_logged_by(cd, hf))
         r["dloss"], r["deval"], r["dw"] = d["loss"], d["eval"], diff_weights(hf, cd)
+        if as_logged_by(cd, hf) is not cd:
+            notes.append("transformers 4.x logs each step's loss rounded to 4 decimals: cadence's compared so rounded")
         if d["keys"]:
             notes.append(f"logged by one side only: {d['keys']}")
         if d["worst"] and d["other"] > tol:
@@ -218,7 +229,7 @@ def row(library: str, case: str, trainer: str, hf_out: str, cd_out: str, two: tu
             # (train_loss aside: after a resume cadence averages it over the whole run, transformers over the resumed
             # steps, a deliberate difference the README lists)
             theirs = diff_logs(hf, hf_resumed, after=2, ignore=frozenset({"train_loss"}))
-            mine = diff_logs(hf_resumed, resumed, after=2, ignore=frozenset({"train_loss"}))
+            mine = diff_logs(hf_resumed, as_logged_by(resumed, hf), after=2, ignore=frozenset({"train_loss"}))
             as_theirs = max(mine["loss"], mine["eval"] or 0, mine["other"], diff_weights(hf_resumed, resumed)) <= tol
             if theirs["differing"] and as_theirs and not mine["keys"]:
                 notes.append(f"a resume differs on transformers too (the library's state outside the checkpoint: "
@@ -234,7 +245,7 @@ def row(library: str, case: str, trainer: str, hf_out: str, cd_out: str, two: tu
         elif h2 is None:
             r["2 processes"] = f"transformers fails: {h2e}"
         else:
-            d = diff_logs(h2, c2)
+            d = diff_logs(h2, as_logged_by(c2, h2))
             worst = max(d["loss"], diff_weights(h2, c2))
             r["2 processes"] = f"dloss,dw {fmt(worst)}"
             ok = ok and worst <= tol
