@@ -1,5 +1,6 @@
 """Run by test_launch.py under a launcher: train 2 steps with the ddp_* options given as JSON and print
-what the DDP wrapper and the process group were built with."""
+what the DDP wrapper and the process group were built with. A third argument ``unused`` trains a model with a
+parameter the loss never reaches (a pooler under a token-level head)."""
 
 import json
 import os
@@ -11,14 +12,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 from dist_exit import say  # noqa: E402
 from tiny import TokenDataset, TokenTagger, pad_collate  # noqa: E402
 
+
+class TaggerWithUnusedPooler(TokenTagger):
+    def __init__(self):
+        super().__init__()
+        self.pooler = torch.nn.Linear(8, 8)  # never in the loss, as BERT's pooler under SpanMarker's span head
+
 from cadence import Trainer, TrainingArguments  # noqa: E402
 
 
-def main(out: str, options: str) -> None:
+def main(out: str, options: str, model: str = "tagger") -> None:
     torch.set_num_threads(1)
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=2, save_strategy="no",
                              disable_tqdm=True, use_cpu=True, report_to="none", **json.loads(options))
-    trainer = Trainer(TokenTagger(), args, train_dataset=TokenDataset(40), data_collator=pad_collate)
+    trainer = Trainer(TaggerWithUnusedPooler() if model == "unused" else TokenTagger(), args, train_dataset=TokenDataset(40), data_collator=pad_collate)
     trainer.train()
     ddp = trainer.model_wrapped
     import torch.distributed as dist
@@ -31,4 +38,4 @@ def main(out: str, options: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -76,3 +76,24 @@ def test_ddp_options_reach_ddp_and_the_process_group(tmp_path):
         assert s["find_unused_parameters"] is True and s["broadcast_buffers"] is False
         assert s["bucket_bytes_cap"] == 3 * 1024 * 1024
     # ddp_timeout reaching the process group is shown by test_dead_rank.py (a silent peer fails after 20 s)
+
+
+@pytest.mark.slow
+def test_ddp_default_finds_unused_parameters_as_transformers(tmp_path):
+    """ddp_find_unused_parameters unset: DDP searches for unused parameters as transformers' Trainer decides (any
+    module but a transformers model that checkpoints activations), so a model with a parameter the loss never
+    reaches trains on 2 processes (with the search off, DDP's second step raises "Expected to have finished
+    reduction in the prior iteration")."""
+    import transformers
+
+    sys.path.insert(0, HERE)
+    from ddp_options_worker import TaggerWithUnusedPooler
+
+    hf_args = transformers.TrainingArguments(str(tmp_path / "hf"), use_cpu=True, report_to="none")
+    hf_trainer = transformers.Trainer(TaggerWithUnusedPooler(), hf_args)
+    (handler,) = hf_trainer._build_accelerator_args()["kwargs_handlers"]
+    proc = launch("ddp_options_worker.py", tmp_path / "run", json.dumps({}), "unused", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [json.loads(line[5:]) for line in proc.said if line.startswith("SEEN ")]
+    assert [s["step"] for s in seen] == [2, 2]
+    assert {s["find_unused_parameters"] for s in seen} == {handler.find_unused_parameters} == {True}

@@ -91,6 +91,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--eval-batch", type=int, default=8)
     opts = p.parse_args()
+    opts.out_dir = os.path.abspath(opts.out_dir)  # a library's build may change the working directory
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if opts.cadence:

@@ -152,7 +152,7 @@ class Backend:
             from accelerate.utils import DeepSpeedPlugin, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
             ddp = DistributedDataParallelKwargs(
-                find_unused_parameters=bool(args.ddp_find_unused_parameters),
+                find_unused_parameters=find_unused_parameters(args, model),
                 broadcast_buffers=True if args.ddp_broadcast_buffers is None else args.ddp_broadcast_buffers,
                 static_graph=bool(args.ddp_static_graph),
                 **({"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb else {}),
@@ -803,6 +803,19 @@ def require_configured_state(args: Any) -> None:
                          "accelerate state was not set up for DeepSpeed; remove use_configured_state")
 
 
+def find_unused_parameters(args: Any, model: torch.nn.Module | None) -> bool:
+    """DDP's ``find_unused_parameters``: ``args.ddp_find_unused_parameters`` when set, else transformers' rule: a
+    transformers model finds them unless it checkpoints activations (reentrant checkpointing breaks the search),
+    any other module finds them (a model with a parameter the loss never reaches, such as BERT's pooler under a
+    token-level head, then trains on several processes as on transformers)."""
+    if args.ddp_find_unused_parameters is not None:
+        return bool(args.ddp_find_unused_parameters)
+    hf = sys.modules.get("transformers")  # a transformers model implies the module is loaded
+    if hf is not None and isinstance(model, hf.PreTrainedModel):
+        return not (getattr(model, "is_activation_checkpointing", False) or args.activation_checkpointing)
+    return True
+
+
 def accelerator_kwargs(args: Any, model: torch.nn.Module, **overrides: Any) -> dict[str, Any]:
     """The keyword arguments transformers' Trainer gives accelerate's ``Accelerator`` for ``args`` and ``model``
     (``Trainer._build_accelerator_args``, for subclasses that read or extend them). cadence's own ``Accelerator``
@@ -835,13 +848,7 @@ def accelerator_kwargs(args: Any, model: torch.nn.Module, **overrides: Any) -> d
     kwargs = {"mixed_precision": precision, "deepspeed_plugin": args.deepspeed_plugin,
               "dataloader_config": loader_config, "fsdp_plugin": None,
               "gradient_accumulation_plugin": GradientAccumulationPlugin(**accumulation), **overrides}
-    find_unused = args.ddp_find_unused_parameters
-    if find_unused is None:  # transformers' rule: a transformers model knows whether it checkpoints activations
-        hf = sys.modules.get("transformers")  # a transformers model implies the module is loaded
-        pretrained = hf is not None and isinstance(model, hf.PreTrainedModel)
-        find_unused = not (getattr(model, "is_activation_checkpointing", False) or args.activation_checkpointing) \
-            if pretrained else True
-    ddp = {"find_unused_parameters": find_unused}
+    ddp = {"find_unused_parameters": find_unused_parameters(args, model)}
     for name, value in (("bucket_cap_mb", args.ddp_bucket_cap_mb), ("broadcast_buffers", args.ddp_broadcast_buffers),
                         ("static_graph", args.ddp_static_graph)):
         if value is not None:
