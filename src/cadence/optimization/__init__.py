@@ -19,6 +19,7 @@ optimizer needs), ``greedy`` (GreedyLR), ``schedules``, ``adafactor``, ``paramet
 (the ``optim`` table, ``create_optimizer``). Every name is importable from ``cadence.optimization``.
 """
 
+from ..trainer_utils import SchedulerType  # noqa: F401 - transformers.optimization has it too
 from .options import (  # noqa: F401
     parse_optim_args,
 )
