@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import backend
+from .backend import devices as backend  # the device verbs (backend/devices.py), read on each call
 
 logger = logging.getLogger(__name__)
 

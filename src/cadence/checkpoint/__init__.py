@@ -4,7 +4,7 @@ A package in layers; each module imports only the ones below it (``tests/test_im
 import cycle exists anywhere in cadence):
 
 - ``formats``: the file names, writing and reading the weights (safetensors, sharded, ``pytorch_model.bin``), and
-  reading every other file without running code (``torch.load(weights_only=True)``). ``backend.py`` uses this
+  reading every other file without running code (``torch.load(weights_only=True)``). ``backend/`` uses this
   layer and nothing above it.
 - ``sharded``: FSDP's sharded state (DCP folders), read through a restricted unpickler.
 - ``deepspeed_files``: DeepSpeed's own files (``latest``, ``global_step*/*.pt``), checked with ``weights_only`` and

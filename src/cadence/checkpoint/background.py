@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .. import backend
+from ..backend.devices import copies_done_event
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class BackgroundWriter:
         self._aliases, self._memo = {}, {}  # they hold the live objects: let them go
         self._ready = None
         if self._on_device:  # non_blocking CUDA copies: the writer waits for this event, the training thread does not
-            self._ready = backend.copies_done_event()
+            self._ready = copies_done_event()
         return copied
 
     def _copy(self, value: Any, path: tuple) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import backend
+from ..backend.devices import device_rng_state, set_device_rng_state
 from .formats import RNG_STATE_NAME
 
 
@@ -32,7 +32,7 @@ def capture_rng_state(world_size: int = 1) -> dict[str, Any]:
         "numpy": (kind, key.tolist(), int(pos), int(has_gauss), float(cached)),
         "cpu": torch.random.get_rng_state(),
     }
-    state.update(backend.device_rng_state(all_devices=world_size > 1))  # HF: all GPUs' with several processes
+    state.update(device_rng_state(all_devices=world_size > 1))  # HF: all GPUs' with several processes
     return state
 
 
@@ -44,7 +44,7 @@ def restore_rng_state(state: dict[str, Any] | None) -> None:
     random.setstate((version, tuple(internal), gauss))
     np.random.set_state(tuple(state["numpy"]))
     torch.random.set_rng_state(state["cpu"])
-    backend.set_device_rng_state(state)
+    set_device_rng_state(state)
 
 
 def checkpoint_world_size(folder: str | os.PathLike) -> int | None:

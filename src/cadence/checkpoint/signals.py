@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .. import backend
+from ..backend.processes import any_process
 from ..trainer_callback import TrainerCallback
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class JITCheckpointCallback(TrainerCallback):
         if self.jit_manager is not None and self.jit_manager.is_checkpoint_requested and not self.requested:
             self.jit_manager.is_checkpoint_requested = False  # served here, once
             self.requested = "a request through CheckpointManager"
-        agreed = backend.any_process(bool(self.requested), args.device)
+        agreed = any_process(bool(self.requested), args.device)
         if agreed and not self.requested:
             self.requested = "a signal to another process"
         return agreed

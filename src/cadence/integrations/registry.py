@@ -63,7 +63,7 @@ _DISABLE_SWITCHES = {"mlflow": "DISABLE_MLFLOW_INTEGRATION", "kubeflow": "DISABL
 
 def is_installed(name: str) -> bool:
     """Whether the tracker ``name`` can run here (its package is importable; not disabled by its switch)."""
-    from ..optimization import _package_available
+    from ..optimization.requirements import _package_available
 
     package = INTEGRATIONS[name].package
     switch = _DISABLE_SWITCHES.get(name)
