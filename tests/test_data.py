@@ -589,6 +589,32 @@ def test_tokens_and_flos_equal_transformers(tmp_path, mode):
         assert sum(lengths) < ours[0][-1] < sum(lengths) + sum(lengths[-8:]) + 1
 
 
+def test_tokens_and_flos_count_the_batch_a_training_step_rewrote(tmp_path):
+    """TRL's GKD generates on-policy completions into its batch inside ``training_step`` (``inputs["input_ids"] =
+    ...``, in place); transformers counts tokens and FLOPs after the step, so of the rewritten batch. cadence too
+    (counted before the step, its total_flos was 3% short of transformers' on GKD)."""
+    from tiny import tiny_gpt2
+
+    tokenizer = word_tokenizer()
+    rows = [{"input_ids": r["input_ids"]} for r in tokenized(text_rows(16), tokenizer)]
+    results = {}
+    for lib in (transformers, __import__("cadence")):
+        class Extends(lib.Trainer):
+            def training_step(self, model, inputs, num_items_in_batch=None):
+                for key in ("input_ids", "attention_mask", "labels"):  # a longer "completion", as GKD's
+                    inputs[key] = torch.cat([inputs[key], inputs[key][:, :3]], dim=1)
+                return super().training_step(model, inputs, num_items_in_batch)
+
+        args = make_args(str(tmp_path / lib.__name__), lib, max_steps=2, per_device_train_batch_size=4,
+                         logging_steps=1, include_num_input_tokens_seen="all", seed=3)
+        trainer = Extends(tiny_gpt2(), args, train_dataset=rows, processing_class=tokenizer,
+                          data_collator=transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False))
+        trainer.train()
+        results[lib.__name__] = (trainer.state.num_input_tokens_seen, trainer.state.total_flos)
+    assert results["cadence"][0] == results["transformers"][0] > 0
+    assert results["cadence"][1] == pytest.approx(results["transformers"][1], rel=1e-12)
+
+
 class _Renamed(torch.nn.Module):
     """A GPT-2 fed ``anchor_input_ids`` (sentence-transformers' and ORPO's batches): the main input is absent."""
 

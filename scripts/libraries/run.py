@@ -66,7 +66,7 @@ FAST = {"trl": ["sft", "dpo"], "sentence-transformers": ["sentence_transformer"]
 TWO_PROCESS_CASES = {"trl": ["sft", "dpo"], "sentence-transformers": ["sentence_transformer", "cross_encoder"],
                      "span-marker": ["span_marker"]}
 TIMES = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "eval_runtime",
-         "eval_samples_per_second", "eval_steps_per_second"}
+         "eval_samples_per_second", "eval_steps_per_second", "eval_embedding_samples_per_second"}
 TOL, TOL_BF16 = 1e-5, 1e-3
 COLUMNS = ["library", "version", "transformers", "trainer", "start", "dloss", "deval", "dw", "resume", "2 processes",
            "verdict"]

@@ -806,9 +806,11 @@ class Trainer:
                     break
                 loop.batches_in_epoch += len(window)
                 loop.items = self._window_items(window) if loop.count_items or loop.micro_batch_rows else None
-                loop.count(window, self.floating_point_ops)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._forward_backward(model, window, loop)  # ---- micro-batches
+                # counted after the step, as transformers: a training_step that rewrites its batch in place (TRL's
+                # GKD generates on-policy completions into it) counts the tokens it trained on
+                loop.count(window, self.floating_point_ops)
                 self._optimizer_step(loop)  # ---- clip, step, schedule
                 self.state.global_step += 1
                 if args.torch_empty_cache_steps and self.state.global_step % args.torch_empty_cache_steps == 0:
