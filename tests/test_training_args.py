@@ -134,6 +134,31 @@ def test_alias_maps_to_new_name(monkeypatch, old, new, expected, unblock):
     assert old_name not in args.to_dict()
 
 
+@pytest.mark.parametrize(
+    "old, category",
+    [({"no_cuda": True}, FutureWarning), ({"evaluation_strategy": "steps"}, FutureWarning),
+     ({"include_inputs_for_metrics": True}, None), ({"warmup_ratio": 0.1}, "silent"), ({"group_by_length": True}, "silent")],
+)
+def test_4x_names_warn_as_transformers_4x_did(old, category, caplog):
+    """transformers 4.57 warns for no_cuda (FutureWarning) and include_inputs_for_metrics (a logged warning), 4.45 for
+    evaluation_strategy (FutureWarning); warmup_ratio and group_by_length are plain 4.57 options: no warning."""
+    import warnings
+
+    (name,) = old
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="cadence"):
+        warnings.simplefilter("always")
+        TrainingArguments(**old)
+    warned = [w.category for w in caught if name in str(w.message)]
+    logged = [r for r in caplog.records if name in r.getMessage() and "deprecated" in r.getMessage()]
+    if category == "silent":
+        assert warned == [] and logged == []
+    elif category is None:
+        assert warned == [] and len(logged) == 1
+    else:
+        assert warned == [category] and logged == []
+        assert caught[0].filename == __file__  # points at the caller's line
+
+
 @pytest.mark.parametrize("old", [{"group_by_length": False}, {"no_cuda": False}, {"include_inputs_for_metrics": False}])
 def test_false_4x_switch_changes_nothing(old):
     assert TrainingArguments(**old).to_dict() == TrainingArguments().to_dict()

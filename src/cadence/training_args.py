@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import sys
+import warnings
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1178,6 +1179,12 @@ _ALIASES: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "no_cuda": ("use_cpu", _when_true(True)),
     "include_inputs_for_metrics": ("include_for_metrics", _when_true(["inputs"])),
 }
+# The 4.x names transformers deprecated before removing them, and how it said so (4.57 for no_cuda and
+# include_inputs_for_metrics, 4.45 for evaluation_strategy): a FutureWarning, or a logged warning. warmup_ratio and
+# group_by_length are plain options of 4.57, so they pass silently.
+_DEPRECATED: dict[str, type[Warning] | None] = {
+    "evaluation_strategy": FutureWarning, "no_cuda": FutureWarning, "include_inputs_for_metrics": None,
+}
 # Accepted, kept on the object, but not options of HF 5: left out of to_dict().
 _LEGACY_ONLY = frozenset(_ALIASES) | {"overwrite_output_dir", "save_safetensors"}
 # cadence's own options, which transformers.TrainingArguments does not have (in to_dict(), so saved with a checkpoint)
@@ -1428,6 +1435,8 @@ def _resolve_aliases(args: TrainingArguments) -> None:
         old_value = getattr(args, old)
         if old_value is None or _declared_by_a_subclass(type(args), old):
             continue
+        if old in _DEPRECATED and old_value:
+            _warn_deprecated(old, new, _DEPRECATED[old])
         value = convert(old, old_value)
         setattr(args, old, None)  # consumed, so a dataclasses.replace() copy does not apply it again
         current = getattr(args, new)
@@ -1439,6 +1448,14 @@ def _resolve_aliases(args: TrainingArguments) -> None:
                 f"spelling of {new}; pass only {new}"
             )
         setattr(args, new, value)
+
+
+def _warn_deprecated(old: str, new: str, category: type[Warning] | None) -> None:
+    message = f"`{old}` is deprecated (transformers 4.x's name, gone in 5.0): pass `{new}` instead"
+    if category is None:
+        logger.warning(message)
+    else:
+        warnings.warn(message, category, stacklevel=5)  # the caller of TrainingArguments(...)
 
 
 def _resolve_output_dir(args: TrainingArguments) -> None:
