@@ -56,10 +56,14 @@ LIBRARIES = {
     "gliner": ("gliner", "gliner"),
     "pylate": ("pylate", "pylate"),
     "span-marker": ("span_marker", "span_marker"),
+    # the libraries of the main pins again, on transformers 4.57 (the `hf` extra's floor)
+    "trl@4.57": ("trl", "transformers_4_57"),
+    "sentence-transformers@4.57": ("st", "transformers_4_57"),
 }
 # what each venv installs beside cadence (``pip install -c libraries/NAME.txt -e . PACKAGES``)
 VENV_PACKAGES = {"setfit": ["setfit", "datasets"], "gliner": ["gliner", "datasets"],
-                 "pylate": ["pylate", "datasets"], "span_marker": ["span_marker", "datasets"]}
+                 "pylate": ["pylate", "datasets"], "span_marker": ["span_marker", "datasets"],
+                 "transformers_4_57": ["trl", "sentence-transformers", "datasets"]}
 TORCH = os.environ.get("TORCH", "torch==2.13.0")  # the CPU build on these machines' disk, as the Makefile's TORCH
 FAST = {"trl": ["sft", "dpo"], "sentence-transformers": ["sentence_transformer"]}
 # the 2-process column's rows (torchrun launches cost minutes on a shared 2-core machine)
