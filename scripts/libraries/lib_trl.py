@@ -31,6 +31,14 @@ NOT_RUN = {
 }
 NOTES = {"online_dpo": "no mid-run evaluation: TRL's OnlineDPOTrainer evaluates prompt-only rows with a plain "
                         "forward, which fails on transformers' Trainer too (input_ids missing)"}
+# cases whose numbers transformers 4.x computes otherwise than 5.x, which cadence follows; at 4.x ("trl@4.57") they are
+# held to transformers 5's run of the main pins (the same seed, data and model; every other row is equal on both)
+TRANSFORMERS_4X = {
+    "sft": "transformers 4.x counts label position 0 in num_items_in_batch though causal LM losses shift it away "
+           "(fixed in 5.0), so its step losses are ~12% low",
+    "distillation": "transformers 4.x runs the whole compute_loss (teacher forward, divergence) under CPU bf16 "
+                    "autocast; 5.x and cadence autocast the model's forward only",
+}
 LR = 5e-3
 
 
@@ -49,8 +57,8 @@ def trainers() -> list[str]:
     for info in pkgutil.iter_modules(trl.experimental.__path__):
         try:
             module = importlib.import_module(f"trl.experimental.{info.name}")
-        except Exception:  # an optional dependency missing: listed by its package name
-            names.add(f"experimental.{info.name}: import failed")
+        except Exception as error:  # it needs what this venv lacks: listed by its package name, with why
+            names.add(f"experimental.{info.name}: import failed ({type(error).__name__}: {error})"[:200])
             continue
         for n in getattr(module, "__all__", dir(module)):
             obj = getattr(module, n, None)

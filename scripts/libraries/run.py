@@ -190,13 +190,26 @@ def blank(library: str, trainer: str, case: str = "", start: str = "", verdict: 
             **extra}
 
 
-def row(library: str, case: str, trainer: str, hf_out: str, cd_out: str, two: tuple | None, note: str) -> dict:
+def row(library: str, case: str, trainer: str, hf_out: str, cd_out: str, two: tuple | None, note: str,
+        fixed_in_5: tuple[str, str] | None = None) -> dict:
     hf, hf_err = load(hf_out, case, "run")
     cd, cd_err = load(cd_out, case, "run")
     r = blank(library, trainer, case, **{"2 processes": "not run", "notes": note})
     for res in (cd, hf):
         if res:
             r["version"], r["transformers"] = res["versions"]["library"], res["versions"]["transformers"]
+    if fixed_in_5 and hf is not None and hf["versions"]["transformers"].startswith("4."):
+        # transformers 4.x gets this trainer's numbers wrong in a way 5.x fixed, and cadence computes as 5.x: the
+        # reference is transformers 5's run of the same case (the main pins' rows: the same seed, data and model)
+        why, main_hf_out = fixed_in_5
+        main_hf, main_err = load(main_hf_out, case, "run")
+        if main_hf is None:
+            return {**r, "start": f"no transformers 5 run to compare with ({main_err}): run the main pins' row first",
+                    "verdict": "DIFFERS"}
+        off = max(diff_logs(hf, main_hf)["loss"], diff_weights(hf, main_hf))
+        held = f"{why}: held to transformers {main_hf['versions']['transformers']}'s run (4.x against it: {fmt(off)})"
+        note = "; ".join(filter(None, [note, held]))
+        hf, hf_out = main_hf, main_hf_out
     if cd is None:
         r["start"] = f"fails: {cd_err}" + (f" (fails on transformers too: {hf_err})" if hf is None else "")
         r["verdict"] = "cannot run here" if hf is None else "DIFFERS"
@@ -289,6 +302,9 @@ def run_library(library: str, cases: list[str] | None, opts) -> list[dict]:
             tails[side] = "reused"
             continue
         tails[side] = launch(python, module_name, folder, cases, *flags)
+    # a library again at transformers 4.x ("trl@4.57"): the cases 4.x computes wrongly are held to its main pins' rows
+    main_library, at_4x = library.partition("@")[::2]
+    fixed = getattr(lib, "TRANSFORMERS_4X", {}) if at_4x else {}
     two = None
     wanted = [c for c in cases if c in TWO_PROCESS_CASES.get(library, [])] if opts.two_processes else []
     two_done = lambda side: all(os.path.exists(os.path.join(out, side, c, "run.pt")) for c in wanted)  # noqa: E731
@@ -300,7 +316,8 @@ def run_library(library: str, cases: list[str] | None, opts) -> list[dict]:
         two = (os.path.join(out, "hf2"), os.path.join(out, "cadence2"), getattr(lib, "TRANSFORMERS_TWO_PROCESSES", ""))
     for case in cases:
         rows.append(row(library, case, lib.CASES[case], os.path.join(out, "hf"), os.path.join(out, "cadence"),
-                        two if case in wanted else None, notes.get(case, "")))
+                        two if case in wanted else None, notes.get(case, ""),
+                        (fixed[case], os.path.join(opts.out, main_library, "hf")) if case in fixed else None))
     if opts.verbose:
         print(tails["cadence"])
     for trainer, reason in getattr(lib, "NOT_RUN", {}).items():
@@ -312,7 +329,11 @@ def run_library(library: str, cases: list[str] | None, opts) -> list[dict]:
         shipped = json.loads(listed.stdout.strip().splitlines()[-1]) if listed.returncode == 0 else []
         covered = set(lib.CASES.values()) | set(getattr(lib, "NOT_RUN", {}))
         for trainer in shipped:
-            if trainer not in covered:
+            name, failed, why = trainer.partition(": import failed ")
+            if failed:  # its module does not import with these pins (a transformers it needs): nothing to run
+                rows.append(blank(library, name, "", f"does not import here: {why.strip('()')}", "cannot run here",
+                                  version=rows[0]["version"], transformers=rows[0]["transformers"]))
+            elif trainer not in covered:
                 rows.append(blank(library, trainer, "", "not covered by the matrix yet", "NOT COVERED",
                                   version=rows[0]["version"], transformers=rows[0]["transformers"]))
     print(f"{library}: {len(cases)} trainers in {time.time() - start:.0f} s", flush=True)

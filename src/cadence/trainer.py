@@ -1588,6 +1588,12 @@ class Trainer:
                        "processing_class` instead.")
         self.processing_class = processing_class
 
+    def _nested_gather(self, tensors: Any, name: str | None = None) -> Any:
+        """transformers 4.x's gather (gone in 5.2, still called by 4.x-era subclasses: sentence-transformers' log,
+        TRL's OnlineDPO): ``tensors`` (nested) concatenated over processes, a 0-d tensor as one row a process;
+        unchanged on one process. ``name`` was for TPUs."""
+        return None if tensors is None else self.backend.gather(tensors)
+
     @property
     def push_in_progress(self):
         """The Hub upload still running from the last push (``.is_done()``), or None (transformers' attribute)."""
