@@ -62,3 +62,14 @@ def test_docs_libraries_page_names_only_matrix_trainers():
                 json.loads((ROOT / "docs" / "libraries-matrix.json").read_text())["rows"]}
     for name in re.findall(r"`(\w+)`", listed.group(1)):
         assert ("trl", name) in trainers, name
+
+
+def test_every_row_of_the_matrix_is_equal_or_says_why_it_cannot_run():
+    """The README says each row of the matrix is equal to transformers or gives the reason it cannot run here: the
+    last table holds no row that differs or that nothing covers, and each that cannot run names why."""
+    rows = json.loads((ROOT / "docs" / "libraries-matrix.json").read_text())["rows"]
+    assert rows
+    for row in rows:
+        assert row["verdict"] in ("equal", "cannot run here"), row
+        if row["verdict"] == "cannot run here":
+            assert row["start"].strip(), row

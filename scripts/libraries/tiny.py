@@ -57,20 +57,27 @@ def llama(tok, kind: str = "causal", seed: int = 0):
     return (LlamaForSequenceClassification if kind == "reward" else LlamaForCausalLM)(config)
 
 
-def saved_llama(tok, out_dir: str, seed: int = 0, name: str = "initial_model") -> str:
-    """A Llama in a folder, for trainers that take a path (and load a reference copy from it). Where a process group
-    is up, the first process writes it (save_pretrained writes no config on the others) and the others wait for it,
-    so none reads it half-written."""
+def saved_once(out_dir: str, name: str, model, tok) -> str:
+    """``model`` and ``tok`` saved for trainers that load by path, so that no process reads them half-written: where
+    a process group is up the first process writes them (save_pretrained writes no config on the others) and the
+    others wait; before one is (several processes started, none joined yet) each process writes a folder of its own.
+    Every process builds the model, so each draws the same random numbers."""
     import torch
 
-    folder = os.path.join(out_dir, name)
     group = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = int(os.environ.get("RANK", "0"))
+    folder = os.path.join(out_dir, name if group or rank == 0 else f"{name}-rank{rank}")
     if not group or torch.distributed.get_rank() == 0:
-        llama(tok, seed=seed).save_pretrained(folder)
+        model.save_pretrained(folder)
         tok.save_pretrained(folder)
     if group:
         torch.distributed.barrier()
     return folder
+
+
+def saved_llama(tok, out_dir: str, seed: int = 0, name: str = "initial_model") -> str:
+    """A Llama in a folder, for trainers that take a path (and load a reference copy from it)."""
+    return saved_once(out_dir, name, llama(tok, seed=seed), tok)
 
 
 def bert_config(tok, **extra):
@@ -85,11 +92,8 @@ def saved_bert(tok, out_dir: str, cls_name: str = "BertModel", seed: int = 0, **
     import torch
     import transformers
 
-    folder = os.path.join(out_dir, "bert")
     torch.manual_seed(seed)
-    getattr(transformers, cls_name)(bert_config(tok, **extra)).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return saved_once(out_dir, "bert", getattr(transformers, cls_name)(bert_config(tok, **extra)), tok)
 
 
 def sentence(i: int, n: int = 5) -> str:
