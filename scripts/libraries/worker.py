@@ -71,9 +71,10 @@ def attempt(lib, case: str, folder: str, name: str, **kw) -> bool:
     try:
         result = one_run(lib, case, folder, **kw)
     except Exception:
-        if int(os.environ.get("RANK", "0")) == 0:
-            with open(os.path.join(os.path.dirname(folder), f"{name}.err"), "w") as f:
-                f.write(traceback.format_exc())
+        rank = int(os.environ.get("RANK", "0"))  # another rank's error beside the first's: why a collective failed
+        with open(os.path.join(os.path.dirname(folder), f"{name}.err" if rank == 0 else f"{name}.rank{rank}.err"),
+                  "w") as f:
+            f.write(traceback.format_exc())
         traceback.print_exc()
         return False
     if result.pop("main"):
