@@ -24,8 +24,8 @@ import logging
 import math
 import os
 import sys
-import warnings
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
