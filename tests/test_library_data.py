@@ -62,7 +62,7 @@ import dist_exit  # noqa: E402
 def sampler_run(out, cadence_base, resume=False):
     proc = dist_exit.launch("sampler_worker.py", out, *(["--cadence"] if cadence_base else []),
                             *(["--resume"] if resume else []), nproc=2)
-    (dist_exit.assert_finished if cadence_base else dist_exit.assert_reference_finished)(proc, 2)
+    (dist_exit.assert_finished if cadence_base else dist_exit.assert_ranks_finished)(proc, 2)
     return [torch.load(os.path.join(out, f"rank{r}{'_resumed' if resume else ''}.pt")) for r in range(2)]
 
 
