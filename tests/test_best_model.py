@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 from tiny import RegressionDataset, RegressionModel, args_with
 
+import cadence
 from cadence import EarlyStoppingCallback, Trainer
 
 
@@ -68,9 +69,16 @@ def test_load_best_model_at_end_restores_the_best_checkpoint(out_dir):
                      metric_for_best_model="score", save_total_limit=1)
     trainer = Trainer(RegressionModel(), args, train_dataset=RegressionDataset(32), eval_dataset=RegressionDataset(4),
                       compute_metrics=scripted([1.0, 5.0, 2.0, 3.0]))
+    last = {}
+
+    class KeepLast(cadence.TrainerCallback):  # the newest checkpoint's weights, before the end leaves the best only
+        def on_save(self, args, state, control, **kwargs):
+            last.update(weights(os.path.join(args.output_dir, f"checkpoint-{state.global_step}")))
+
+    trainer.add_callback(KeepLast())
     trainer.train()
-    assert checkpoints(out_dir) == ["checkpoint-2", "checkpoint-4"]  # the limit keeps the best and the newest
-    best, last = weights(os.path.join(out_dir, "checkpoint-2")), weights(os.path.join(out_dir, "checkpoint-4"))
+    assert checkpoints(out_dir) == ["checkpoint-2"]  # save_total_limit=1: the best only, once training ends
+    best = weights(os.path.join(out_dir, "checkpoint-2"))
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(value, best[name]), name
         assert not torch.equal(value, last[name]), name  # training moved on after the best step

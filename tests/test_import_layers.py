@@ -99,7 +99,7 @@ def test_the_checker_finds_a_cycle_made_of_a_deferred_import(tmp_path):
 # before any of them); cadence's own modules import the module that owns a name, so the floors hold module by module:
 # data and checkpoints ask the backend's device and process facts, never its engines.
 FLOORS = [
-    ("device and process facts", ["cadence.version", "cadence.peft_support", "cadence.backend.devices",
+    ("device and process facts", ["cadence.version", "cadence.versions", "cadence.peft_support", "cadence.backend.devices",
                                   "cadence.backend.processes"]),
     ("public helpers and file formats", ["cadence.trainer_utils", "cadence.memory_metrics", "cadence.checks",
                                          "cadence.checkpoint", "cadence.checkpoint.formats",

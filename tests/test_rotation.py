@@ -79,20 +79,27 @@ def test_only_complete_checkpoint_folders_of_this_dir_are_touched(tmp_path):
 
 
 def test_trainer_keeps_best_and_newest_with_limit_one(tmp_path):
-    """What the best-model logic records in state.best_model_checkpoint survives rotation in a real run."""
+    """What the best-model logic records in state.best_model_checkpoint survives rotation in a real run: during
+    training beside the newest (a resume needs it), and alone once training ends (as transformers leaves it)."""
     from test_resume import train
 
     from cadence import TrainerCallback
 
     out = str(tmp_path / "run")
 
+    seen = []
+
     class MarkBest(TrainerCallback):  # stands in for the evaluation that finds step 2 best
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 2:
                 state.best_model_checkpoint = os.path.join(args.output_dir, "checkpoint-2")
 
+        def on_save(self, args, state, control, **kwargs):
+            seen.append(sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")))
+
     train(out, callbacks=[MarkBest()], save_steps=2, save_total_limit=1, max_steps=8)
-    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-8"]
+    assert seen[-1] == ["checkpoint-2", "checkpoint-8"]
+    assert sorted(os.listdir(out)) == ["checkpoint-2"]
 
 
 def test_a_rotation_killed_mid_delete_leaves_no_partial_checkpoint(tmp_path, monkeypatch):

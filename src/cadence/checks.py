@@ -97,7 +97,8 @@ def check_trainable(model: nn.Module) -> None:
 
 
 def check_batch(batch: Any, where: str = "data_collator") -> None:
-    """A batch is a mapping of inputs (or a tuple/list of inputs, passed positionally).
+    """A batch is a mapping of inputs (or a tuple/list of inputs, passed positionally, or of collated mappings,
+    which a subclass's ``compute_loss`` unpacks).
 
     Raises:
         TypeError: None, a bare tensor (the model would get its rows as arguments), an empty or a
@@ -108,6 +109,8 @@ def check_batch(batch: Any, where: str = "data_collator") -> None:
     if (isinstance(batch, (tuple, list)) and batch and not any(isinstance(t, Mapping) for t in batch)
             and not all(t is None or isinstance(t, (str, bytes)) for t in batch)):
         return  # positional inputs; a list of dicts, or of texts, is samples the collator did not collate
+    if isinstance(batch, (tuple, list)) and batch and all(_collated(t) for t in batch):
+        return  # several collated batches (a retrieval collator's (queries, passages)) for the user's compute_loss
     if batch is None:
         got = "None"
     elif torch.is_tensor(batch):
@@ -122,6 +125,17 @@ def check_batch(batch: Any, where: str = "data_collator") -> None:
         "{'input_ids': ..., 'labels': ...} (or a tuple of tensors passed positionally to the model); make the "
         "collator return one, e.g. data_collator=default_data_collator"
     )
+
+
+def _collated(part: Any) -> bool:
+    """Whether ``part`` is a collated batch, not one sample: a mapping of tensors only, all with the same number of
+    rows, at least one of them a matrix (a sample's tensors are rows or scalars)."""
+    if not isinstance(part, Mapping) or not part:
+        return False
+    values = list(part.values())
+    if not all(torch.is_tensor(v) and v.dim() >= 1 for v in values):
+        return False
+    return len({v.shape[0] for v in values}) == 1 and any(v.dim() >= 2 for v in values)
 
 
 def check_loss(loss: Any, source: str) -> None:

@@ -1108,6 +1108,8 @@ class Trainer:
         optimization.set_optimizer_mode(self.optimizer, training=False)  # schedule-free: end on the averaged weights
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
+        if not self.state.interrupted:  # an interrupted run keeps its newest checkpoint: it resumes from there
+            save_load.finish_rotation(self.args, self.state.best_model_checkpoint)  # save_total_limit=1: the best only
         # the model stays in the mode its last step or evaluation left it in (training mode after a step), as in
         # transformers
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
@@ -1536,7 +1538,7 @@ class Trainer:
     def _checkpoint_objects(self, model: nn.Module, loop: LoopState | None) -> dict[str, Any]:
         """What a checkpoint holds, by name (``save_load.save`` / ``save_load.load``); the weights are ``model``'s."""
         pending = getattr(getattr(loop, "batches", None), "before_pending", None) or {}
-        return {"model": model, "processing_class": self.processing_class, "optimizer": self.optimizer,
+        return {"model": model, "processing_class": self._saved_processor(), "optimizer": self.optimizer,
                 "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
                 "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
                 "stream": data.SavedState(pending["stream"]) if pending.get("stream") is not None else
@@ -1635,8 +1637,8 @@ class Trainer:
         """The model's files into ``output_dir`` (``save_pretrained``, else safetensors), the processing class and
         ``training_args.bin``, on the saving process (transformers' method). ``save_model()`` and every checkpoint
         write the model through it, so a subclass's override decides what a saved model is (an adapter folder, a
-        wrapped encoder with its config); a checkpoint calls it with the checkpoint's staging folder (a ``str``),
-        renamed once complete.
+        wrapped encoder with its config); a checkpoint calls it with ``checkpoint-N`` (a ``str``) as transformers does:
+        a link to the staging folder while it writes, renamed into place once complete.
 
         Args:
             output_dir: the folder (default ``args.output_dir``).
@@ -1645,8 +1647,15 @@ class Trainer:
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save:
             logger.info(f"Saving model checkpoint to {output_dir}")
-            save_load.save_model(output_dir, self.backend.unwrap(self.model), self.processing_class, state_dict,
+            save_load.save_model(output_dir, self.backend.unwrap(self.model), self._saved_processor(), state_dict,
                                  self.args)
+
+    def _saved_processor(self) -> Any:
+        """What is saved beside the weights: ``processing_class``, else the data collator's ``tokenizer`` (a library
+        that hands its tokenizer to the collator alone still gets it in each checkpoint, as transformers saves it)."""
+        if self.processing_class is not None:
+            return self.processing_class
+        return getattr(self.data_collator, "tokenizer", None)
 
     def save_state(self) -> None:
         """Write ``TrainerState`` to ``{output_dir}/trainer_state.json`` (main process only)."""

@@ -70,6 +70,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from . import versions
+
 logger = logging.getLogger(__name__)
 
 # Every event a callback can receive, in the order they are documented above.
@@ -642,8 +644,9 @@ class DefaultFlowCallback(TrainerCallback):
 
         if step >= state.max_steps:
             control.should_training_stop = True
-            # A step-wise run always ends evaluated and saved, even off the interval.
-            if eval_by_steps:
+            # A step-wise run ends saved, even off the interval; since transformers 5.4 also evaluated (older pins:
+            # the last evaluation is the interval's, and the model ends in training mode)
+            if eval_by_steps and versions.evaluates_at_max_steps():
                 control.should_evaluate = True
             if _is(args.save_strategy, "steps"):
                 control.should_save = True

@@ -8,6 +8,7 @@ model at the end of training.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -26,8 +27,8 @@ from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NA
                       safe_load, _takes_keyword, save_json, save_model_weights, writing)
 from .manifest import read_trainer_state
 from .resume import ResumePoint, load_optimizer_and_scheduler, resume_point
-from .writer import (prepare_staging, remove_incomplete, rotate_checkpoints, save_rng_state, staging_folder,
-                     staging_removed_on_error, write_atomically)
+from .writer import (final_name, keep_only_best, prepare_staging, remove_incomplete, rotate_checkpoints,
+                     save_rng_state, staging_folder, staging_removed_on_error, write_atomically)
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,10 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         # may read the live model, so an asynchronous save snapshots the other states only
         weights = states.pop("model")
         with staging_removed_on_error(folder), writing("writing the model files (the Trainer's _save)"):
-            model_files(str(tmp)) if weights is None else model_files(str(tmp), state_dict=weights)
+            # the main process's _save is given checkpoint-N, as in transformers (a link to the staging folder
+            # while it writes); another process's (transformers' _save writes on the main one only) the staging folder
+            with final_name(folder) if args.should_save else contextlib.nullcontext(tmp) as where:
+                model_files(str(where)) if weights is None else model_files(str(where), state_dict=weights)
     state = objects["trainer_state"]
     stateful = [cb for cb in [*objects["callbacks"].callbacks, objects["control"]] if isinstance(cb, ExportableState)]
     state.stateful_callbacks = TrainerState(stateful_callbacks=stateful).stateful_callbacks
@@ -186,6 +190,17 @@ def _complete(folder: Path, write: Callable[[Path], None] | None, args: Any, bes
         remove_incomplete(args.output_dir)
         rotate_checkpoints(args.output_dir, args.save_total_limit, best, folder,
                            output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
+
+
+def finish_rotation(args: Any, best: str | None) -> list[Path]:
+    """The rotation at the end of training (the main process, every save complete): with ``save_total_limit=1`` and
+    a ``best`` checkpoint, only the best is left (:func:`keep_only_best`), as transformers leaves it.
+
+    Returns the deleted folders.
+    """
+    if not args.should_save or best is None or args.save_total_limit != 1:
+        return []
+    return keep_only_best(args.output_dir, best, output_guard.earlier_checkpoints(args.output_dir))
 
 
 def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args: Any) -> ResumePoint:

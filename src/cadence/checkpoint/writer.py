@@ -44,6 +44,34 @@ def staging_folder(final: str | os.PathLike) -> Path:
     return final.parent / f"tmp-{final.name}"
 
 
+@contextlib.contextmanager
+def final_name(final: str | os.PathLike):
+    """Inside: ``final`` (``checkpoint-N``) is a link to its staging folder, so a Trainer subclass's ``_save`` is
+    given the folder's final name, as transformers gives it, and what it writes lands in the staging folder; the
+    link goes on leaving. The name is complete only once renamed (``get_last_checkpoint`` and resume never take the
+    link: its folder has no ``trainer_state.json`` yet; a kill inside leaves a link that :func:`remove_incomplete`
+    deletes). Yields the path to write to: ``final``, or the staging folder where no link can be made (``final``
+    exists: the same step saved again; a filesystem without links).
+    """
+    final, tmp = Path(final), staging_folder(final)
+    try:
+        os.symlink(tmp.name, final, target_is_directory=True)  # relative: the pair moves together
+    except OSError:
+        yield tmp
+        return
+    try:
+        yield final
+    finally:
+        _unlink_staging_link(final)
+
+
+def _unlink_staging_link(link: Path) -> None:
+    """Delete ``link`` if it is :func:`final_name`'s link to its own staging folder (never a user's link)."""
+    with contextlib.suppress(OSError):
+        if link.is_symlink() and os.readlink(link) == staging_folder(link).name:
+            link.unlink()
+
+
 def write_atomically(final: str | os.PathLike, write: Callable[[Path], None], fresh: bool = True) -> Path:
     """Run ``write(tmp_folder)``, add the checksum manifest, fsync, then rename the folder to ``final``.
 
@@ -219,8 +247,8 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
-    """Delete ``tmp-checkpoint-*`` folders a killed save left behind and ``deleting-checkpoint-*`` ones a killed
-    rotation left; put back an ``old-checkpoint-N`` whose replacement was interrupted. Returns the deleted folders."""
+    """Delete ``tmp-checkpoint-*`` folders a killed save left behind (and the ``checkpoint-N`` link to one that
+    :func:`final_name` made) and ``deleting-checkpoint-*`` ones a killed rotation left; put back an ``old-checkpoint-N`` whose replacement was interrupted. Returns the deleted folders."""
     output_dir = Path(output_dir)
     deleted = []
     for old in output_dir.glob("old-checkpoint-*"):
@@ -233,6 +261,10 @@ def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
     for doomed in output_dir.glob(DELETING_PREFIX + "checkpoint-*"):  # a rotation killed mid-delete
         remove_folder(doomed)
         deleted.append(doomed)
+    for link in output_dir.glob("checkpoint-*"):  # a save killed while a subclass's _save wrote through its link
+        if link.is_symlink() and os.readlink(link) == staging_folder(link).name:
+            _unlink_staging_link(link)
+            deleted.append(link)
     for tmp in output_dir.glob("tmp-checkpoint-*"):
         if CHECKPOINT_DIR_RE.match(tmp.name[len("tmp-"):]) and (tmp.is_dir() or tmp.is_symlink()):
             logger.info("removing incomplete checkpoint %s (a save was interrupted)", tmp)
@@ -255,3 +287,17 @@ def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: s
     return delete_oldest(own, limit, {just_written, best})
 
 
+
+
+def keep_only_best(output_dir: str | os.PathLike, best: str | os.PathLike, earlier: set[Path] = frozenset()) -> list[Path]:
+    """When a run with ``save_total_limit=1`` ends: delete every checkpoint but ``best``, as transformers does after
+    its last save (during training rotation also keeps the newest, for a resume). The ``earlier`` run's checkpoints
+    neither count nor go, as in :func:`rotate_checkpoints`.
+
+    Returns the deleted folders.
+    """
+    earlier = {Path(p).resolve() for p in earlier}
+    own = [c for c in sorted_checkpoints(output_dir) if c.resolve() not in earlier]
+    if Path(best).resolve() not in {c.resolve() for c in own}:  # gone, or the earlier run's: delete nothing
+        return []
+    return delete_oldest(own, 1, {best})
