@@ -225,3 +225,40 @@ def test_the_collators_tokenizer_is_saved_when_there_is_no_processing_class(tmp_
     ours, theirs = run(cadence, str(tmp_path / "ours")), run(transformers, str(tmp_path / "theirs"))
     assert ours == theirs
     assert {"tokenizer.json", "tokenizer_config.json"} <= ours[0] and {"tokenizer.json"} <= ours[1]
+
+
+# ---------------------------------------------------------------- negative intervals
+
+@pytest.mark.parametrize("overrides", [
+    {"save_steps": -1}, {"eval_steps": -1}, {"logging_steps": -1}, {"eval_steps": -0.5}, {"logging_steps": -0.25},
+    {"save_steps": -0.5, "eval_steps": -2, "logging_steps": -3},
+], ids=str)
+def test_a_negative_interval_runs_as_in_transformers(tmp_path, caplog, overrides):
+    """transformers accepts a negative logging/eval/save interval and runs it through its own arithmetic; cadence
+    does the same, with a warning naming the field: the logged and evaluated steps and the checkpoints match."""
+    def run(lib, out):
+        base = dict(max_steps=8, per_device_train_batch_size=4, logging_steps=2, eval_strategy="steps", eval_steps=3,
+                    save_strategy="steps", save_steps=3, use_cpu=True)
+        args = make_args(out, lib, **{**base, **overrides})
+        trainer = lib.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(64),
+                              eval_dataset=RegressionDataset(8))
+        trainer.train()
+        history = trainer.state.log_history
+        return ([h["step"] for h in history if "loss" in h], [h["step"] for h in history if "eval_loss" in h],
+                [n for n in listing(out) if n.startswith("checkpoint-")])
+
+    with caplog.at_level("WARNING", logger="cadence.training_args"):
+        ours = run(cadence, str(tmp_path / "ours"))
+    assert all(f"{name}={value!r} is negative" in caplog.text for name, value in overrides.items())
+    assert ours == run(transformers, str(tmp_path / "theirs"))
+
+
+def test_a_negative_ratio_that_rounds_to_no_steps_is_refused_before_training(out_dir):
+    """eval_steps=-0.01 over 8 steps: ceil(-0.08) = 0 steps between evaluations (transformers: ZeroDivisionError at
+    the first step); refused with the field and the fix before any step."""
+    args = make_args(out_dir, max_steps=8, per_device_train_batch_size=4, eval_strategy="steps", eval_steps=-0.01)
+    trainer = cadence.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(64),
+                              eval_dataset=RegressionDataset(8))
+    with pytest.raises(ValueError, match=r"eval_steps=-0.01 is invalid for a run of 8 steps"):
+        trainer.train()
+    assert trainer.state.global_step == 0

@@ -239,6 +239,12 @@ class TrainerState:
                 continue
             if steps < 1:  # a ratio of the run, rounded up so it is never 0
                 steps = math.ceil(max_steps * steps)
+            strategy = getattr(args, f"{kind}_strategy", "steps")
+            if steps == 0 and kind != "save" and _is(strategy, "steps"):  # from a negative ratio above -1/max_steps:
+                # transformers' `step % 0` raises ZeroDivisionError at the first step
+                raise ValueError(f"{kind}_steps={getattr(args, f'{kind}_steps')!r} is invalid for a run of {max_steps} "
+                                 f"steps: ceil(max_steps * {kind}_steps) is 0 steps between two {kind} events; pass "
+                                 f"a whole number of steps >= 1 or a fraction in (0, 1) of the run")
             setattr(self, f"{kind}_steps", steps)
 
     def init_training_references(self, trainer, max_steps: int, num_train_epochs: int, trial) -> None:

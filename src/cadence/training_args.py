@@ -1691,15 +1691,30 @@ def _check_choices(args: TrainingArguments) -> None:
             raise _invalid("report_to", args.report_to, "'none', 'all' or a list of names", "pass names as strings")
 
 
+# A negative interval: transformers takes it (no rule refuses it) and its state turns it into ceil(max_steps * value),
+# a negative number of steps; `step % n == 0` then holds at the multiples of |n|, and `save_steps > 0` never.
+_NEGATIVE_INTERVAL = ("%s=%r is negative: accepted as transformers accepts it, and run as transformers runs it (the "
+                      "interval becomes ceil(max_steps * value) steps): %s. Pass a whole number of steps >= 1 or a "
+                      "fraction in (0, 1) of the run for a regular interval, e.g. %s=500 or %s=0.1")
+_NEGATIVE_EFFECT = {
+    "logging_steps": "training logs every |ceil(max_steps * value)| steps, so at most once at the end for a value <= -1",
+    "eval_steps": "evaluations every |ceil(max_steps * value)| steps, so at most once at the end for a value <= -1",
+    "save_steps": "no checkpoint during training, one when training ends",
+}
+
+
 def _check_step_intervals(args: TrainingArguments) -> None:
     """With a "steps" strategy the interval is a whole number of steps >= 1 or a ratio in (0, 1); save_steps=0 is
-    accepted too, as in transformers."""
+    accepted too, as in transformers, and a negative interval with a warning (transformers accepts it)."""
     for strategy, name in _STEP_INTERVALS:
         if getattr(args, strategy) != IntervalStrategy.STEPS:
             continue
         value = getattr(args, name)
         if name == "save_steps" and _is_number(value) and value == 0:
             continue  # transformers accepts it: no save during training, one when training ends
+        if _is_number(value) and value < 0:  # transformers accepts it: warned, with what its arithmetic makes of it
+            logger.warning(_NEGATIVE_INTERVAL, name, value, _NEGATIVE_EFFECT[name], name, name)
+            continue
         if not (_is_number(value) and value > 0 and (value < 1 or float(value).is_integer())):
             raise _invalid(
                 name,
