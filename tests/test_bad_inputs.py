@@ -338,7 +338,7 @@ ROWS = [
     arg_row("neftune_noise_alpha", -1.0, "-1.0"),
     arg_row("logging_steps", 0, "=0", logging_strategy="steps"),
     arg_row("save_steps", 1.5, "1.5", save_strategy="steps"),
-    arg_row("eval_steps", -2, "-2", eval_strategy="steps"),
+    arg_row("eval_steps", 2.5, "2.5", eval_strategy="steps"),  # a negative one runs as in transformers (test_compat_pins)
     # --- TrainingArguments: text where a bool or a number is due (a JSON/YAML config, an environment variable)
     arg_row("overwrite_output_dir", "maybe", "'maybe'", "True or False"),
     arg_row("bf16", "on", "'on'", "True or False"),

@@ -262,3 +262,67 @@ def test_a_negative_ratio_that_rounds_to_no_steps_is_refused_before_training(out
     with pytest.raises(ValueError, match=r"eval_steps=-0.01 is invalid for a run of 8 steps"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+# ---------------------------------------------------------------- trackers: transformers' method names and state
+
+def test_a_tracker_subclass_overriding_setup_is_called_as_in_transformers(tmp_path, monkeypatch):
+    """Users override ``setup`` on transformers' tracker callbacks to change how the run is created: the override is
+    called (with transformers' signature for that tracker) where transformers calls it, and the run is opened by
+    ``super().setup``."""
+    pytest.importorskip("dvclive")
+    from cadence.integrations.dvclive import DVCLiveCallback
+    from transformers.integrations import DVCLiveCallback as TheirDVCLive
+
+    def run(base, lib, folder):
+        monkeypatch.chdir(folder)
+        calls = []
+
+        class Named(base):
+            def setup(self, args, state, model):  # transformers' DVCLive signature: no **kwargs
+                calls.append((state.global_step, self._initialized))
+                super().setup(args, state, model)
+                calls.append(self._initialized)
+
+        args = make_args(folder / "out", lib, max_steps=2, per_device_train_batch_size=4, logging_steps=1,
+                         use_cpu=True)
+        lib.Trainer(RegressionModel(), args, train_dataset=RegressionDataset(16), callbacks=[Named()]).train()
+        return calls, sorted(p.name for p in (folder / "dvclive" / "plots" / "metrics").iterdir())
+
+    (tmp_path / "ours").mkdir(), (tmp_path / "theirs").mkdir()
+    ours = run(DVCLiveCallback, cadence, tmp_path / "ours")
+    assert ours == run(TheirDVCLive, transformers, tmp_path / "theirs")
+    assert ours[0] == [(0, False), True]
+
+
+def test_kubeflow_keeps_transformers_state_and_private_methods(tmp_path, monkeypatch):
+    """transformers' tests and subclasses drive KubeflowCallback through ``_initialized``, ``_metrics``,
+    ``_update_status`` (a bool: sent, or not: throttled, no URL) and ``_get_token``: the same calls on both, against
+    one local status server, give the same answers and the same requests."""
+    from test_trackers_more import StatusServer, kubeflow_env
+
+    from cadence.integrations.kubeflow import KubeflowCallback
+    from transformers.integrations.integration_utils import KubeflowCallback as TheirKubeflow
+
+    def drive(cls, server):
+        kubeflow_env(monkeypatch, tmp_path, server.url)
+        callback, state = cls(), cadence.TrainerState(max_steps=10, global_step=0, epoch=0.0)
+        seen = [callback._initialized, callback._get_token()]
+        callback.on_train_begin(None, state, None)  # 0%, forced
+        callback.on_log(None, state, None, logs={"loss": 0.5, "learning_rate": 0.1, "note": "text"})
+        seen += [callback._initialized, dict(callback._metrics)]
+        seen.append(callback._update_status(progress_percent=40))  # within the 5 s interval: not sent
+        seen.append(callback._update_status(progress_percent=50, metrics={"x": 1}, force=True))
+        state.global_step = 10
+        callback.on_train_end(None, state, None)  # 100%, forced
+        monkeypatch.delenv("KUBEFLOW_TRAINER_SERVER_URL")
+        seen.append(callback._update_status(progress_percent=60, force=True))  # no URL: nothing sent
+        sent = [(s["progressPercentage"], [m["name"] for m in s.get("metrics", [])]) for s in server.statuses()]
+        server.received.clear()
+        return seen, sent
+
+    with StatusServer() as server:
+        ours, theirs = drive(KubeflowCallback, server), drive(TheirKubeflow, server)
+    assert ours == theirs
+    assert ours[0] == [False, "secret-token", True, {"loss": 0.5, "learning_rate": 0.1}, False, True, False]
+    assert ours[1] == [(0, ["total_steps"]), (50, ["x"]), (100, ["loss", "learning_rate"])]

@@ -176,7 +176,7 @@ def test_kubeflow_reports_progress_as_transformers_does(tmp_path, monkeypatch):
     with StatusServer() as server:
         kubeflow_env(monkeypatch, tmp_path, server.url)
         trainer = make_trainer(tmp_path / "out", "kubeflow")
-        tracker(trainer, "KubeflowCallback").min_interval = 0.0  # every step (the default is one update per 5 s)
+        tracker(trainer, "KubeflowCallback")._MIN_UPDATE_INTERVAL = 0  # every step (the default: one per 5 s)
         trainer.train()
         ours = server.statuses()
         headers = [h for h, _ in server.received]
@@ -554,7 +554,7 @@ def test_kubeflow_resumed_training_starts_at_its_progress(tmp_path, monkeypatch)
         make_trainer(tmp_path / "out", "none", callbacks=[stop_at(6)]).train()
         first_run = len(server.statuses())
         resumed = make_trainer(tmp_path / "out", "kubeflow")
-        tracker(resumed, "KubeflowCallback").min_interval = 0.0
+        tracker(resumed, "KubeflowCallback")._MIN_UPDATE_INTERVAL = 0
         resumed.train(resume_from_checkpoint=str(tmp_path / "out" / f"checkpoint-{SAVE}"))
         statuses = server.statuses()[first_run:]
     assert [s["progressPercentage"] for s in statuses] == [50, 62, 75, 87, 99, 100]

@@ -1,7 +1,9 @@
 """What every tracker callback shares: main process only, started lazily, never stops training.
 
 A tracker implements four small methods (``start``, ``write`` or ``write_rows``, ``finish`` and, if it
-uploads checkpoints, ``saved``); this base class calls them from the Trainer's events:
+uploads checkpoints, ``saved``); this base class calls them from the Trainer's events, ``start`` through
+transformers' ``setup(args, state, model, **kwargs)``, which users' subclasses override to change how a run is
+created (``_initialized`` is transformers' name for "the run is open"):
 
 - only the main process (``state.is_world_process_zero``) reports;
 - the run starts at ``on_train_begin``, or at the first ``on_log`` (an ``evaluate()`` before training);
@@ -30,6 +32,7 @@ uploads checkpoints, ``saved``); this base class calls them from the Trainer's e
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import os
@@ -238,17 +241,38 @@ class TrackerCallback(TrainerCallback, ExportableState):
     def report_to_name(self) -> str:
         return next((n for n, i in INTEGRATIONS.items() if i.callback == type(self).__name__), type(self).__name__)
 
-    def _ensure_started(self, args: Any, state: Any, model: Any) -> None:
-        if self._started:
-            return
-        if state.global_step == 0:
+    def setup(self, args: Any, state: Any, model: Any, **kwargs) -> None:
+        """Open the tracker's run (transformers' name for it: a subclass overrides ``setup`` to change how the run
+        is created, and calls ``super().setup(args, state, model, **kwargs)``). The events call it once, at
+        ``on_train_begin`` or the first log; a resumed training continues the run id its checkpoint keeps.
+
+        Args:
+            args: the run's ``TrainingArguments``.
+            state: the ``TrainerState`` (``global_step`` > 0: a resumed or finished training).
+            model: the model (its config is recorded with the arguments).
+            **kwargs: the event's other keywords (``processing_class``, ...), as transformers passes them.
+        """
+        step = getattr(state, "global_step", 0)
+        if step == 0:
             if self._run_trained:  # a new training from step 0 is a new tracker run (also each search trial);
                 self.run_id = None  # an evaluate() before it belongs to its run
         elif self.run_id is None:  # a resumed run, or evaluate()/train() again after training
             self.run_id = self._saved_run_id(state)
         self.start(args, state, model, self.run_id is not None)
         self._started = True
-        self._run_trained = state.global_step > 0
+        self._run_trained = step > 0
+
+    # transformers' name for "the run is open" (its trackers' events check it; a subclass may clear it to reopen)
+    _initialized = property(lambda self: self._started, lambda self, value: setattr(self, "_started", bool(value)))
+
+    def _ensure_started(self, args: Any, state: Any, model: Any, **kwargs) -> None:
+        if not self._started:
+            # the event's keywords that the setup takes: transformers' own signatures differ by tracker (MLflow's
+            # takes none, ClearML's needs processing_class), and a subclass overrides with its tracker's
+            params = inspect.signature(self.setup).parameters
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+                kwargs = {k: v for k, v in kwargs.items() if k in params}
+            self.setup(args, state, model, **kwargs)
 
     def _write_pending(self) -> None:
         rows, self._pending = self._pending, []
@@ -273,7 +297,7 @@ class TrackerCallback(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.is_world_process_zero:
-            self._safely("on_train_begin", self._ensure_started, args, state, model)
+            self._safely("on_train_begin", functools.partial(self._ensure_started, **kwargs), args, state, model)
             self._in_train = self._run_trained = True
 
     def on_log(self, args, state, control, logs=None, model=None, processing_class=None, optimizer=None,
@@ -283,7 +307,10 @@ class TrackerCallback(TrainerCallback, ExportableState):
         if not state.is_world_process_zero or self._off:
             return
         if not self._started:
-            self._safely("on_log", self._ensure_started, args, state, model)
+            self._safely("on_log", functools.partial(self._ensure_started, processing_class=processing_class,
+                                                     optimizer=optimizer, lr_scheduler=lr_scheduler,
+                                                     train_dataloader=train_dataloader,
+                                                     eval_dataloader=eval_dataloader, **kwargs), args, state, model)
             if self._off:
                 return
         self._pending.append((dict(logs), state.global_step, time.time()))

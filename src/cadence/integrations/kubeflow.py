@@ -6,10 +6,15 @@ TLS certificate) and ``KUBEFLOW_TRAINER_SERVER_TOKEN`` (a file holding the servi
 every 5 minutes as the token rotates). What is sent is what transformers' ``KubeflowCallback`` sends: one
 JSON object ``{"trainerStatus": {"lastUpdatedTime", "progressPercentage", "estimatedRemainingSeconds",
 "metrics": [{"name", "value"}, ...]}}`` (values as strings): 0% when training starts, at most one update
-every 5 seconds after optimizer steps (capped at 99%), 100% when training ends. One difference: the time left
-is estimated from the steps of this run, so a resumed run does not count the steps it skipped as done in
-no time. ``DISABLE_KUBEFLOW_INTEGRATION=TRUE`` turns it off; ``report_to="all"`` includes it only when
-the URL is set.
+every 5 seconds after optimizer steps (capped at 99%), 100% when training ends.
+
+The callback keeps transformers' attributes and private methods (``_initialized``, ``_metrics``, ``_start_time``,
+``_last_update_time``, ``_MIN_UPDATE_INTERVAL``, ``_get_token``, ``_get_ssl_context``, ``_update_status``), which
+its tests and subclasses drive. Three differences: a resumed run starts at its share of the steps (not 0%), and the time
+left is estimated from the steps of this run, so a resumed run does not count the steps it skipped as done in no
+time; and an update the controller refuses (an HTTP error, a
+timeout) logs one error and switches the callback off, where transformers logs at debug level and keeps sending.
+``DISABLE_KUBEFLOW_INTEGRATION=TRUE`` turns it off; ``report_to="all"`` includes it only when the URL is set.
 """
 
 from __future__ import annotations
@@ -22,94 +27,127 @@ import time
 import urllib.request
 from datetime import datetime, timezone
 
-from .base import TrackerCallback
+from ..trainer_callback import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
 URL_ENV, CA_CERT_ENV, TOKEN_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT",
                                    "KUBEFLOW_TRAINER_SERVER_TOKEN")
-MIN_INTERVAL = 5.0  # seconds between two updates: the controller serves every job of the cluster
-TOKEN_TTL = 300.0  # seconds a read token is reused (the Kubeflow SDK's period)
 
 
-class KubeflowCallback(TrackerCallback):
-    """Report progress, time left and the latest metrics to the Kubeflow Trainer controller."""
+class KubeflowCallback(TrainerCallback):
+    """Report progress, time left and the latest metrics to the Kubeflow Trainer controller (main process only)."""
+
+    _MIN_UPDATE_INTERVAL = 5.0  # seconds between two updates: the controller serves every job of the cluster
+    _TOKEN_CACHE_DURATION = 300.0  # seconds a read token is reused (the Kubeflow SDK's period)
+    _ENV_SERVER_URL, _ENV_CA_CERT, _ENV_TOKEN_PATH = URL_ENV, CA_CERT_ENV, TOKEN_ENV
 
     def __init__(self):
-        super().__init__()
-        self._url = os.getenv(URL_ENV)
-        if not self._url:
+        if not os.getenv(URL_ENV):
             raise ValueError(f"report_to='kubeflow' needs {URL_ENV} (Kubeflow Trainer sets it in a TrainJob's pods "
                              f"when TrainJobRuntimeStatus is on); outside a TrainJob remove 'kubeflow' from report_to")
-        self.min_interval = MIN_INTERVAL
+        self._initialized = False  # on_train_begin ran on the main process: the other events report
         self._metrics: dict[str, float] = {}  # the latest value of each number logged
-        self._next_update = 0.0  # time.monotonic() from which the next progress update may be sent
-        self._begin = (0.0, 0)  # (time.monotonic(), global_step) when this run started: the pace for the time left
-        self._token: tuple[str, float] | None = None  # (token, when read)
-        self._ssl: ssl.SSLContext | None = None
-
-    def start(self, args, state, model, resumed):
-        self.run_id = self._url
-        self._metrics = {}
-        self._begin = (time.monotonic(), state.global_step)
-        self._next_update = self._begin[0] + self.min_interval
-        ca_file = os.getenv(CA_CERT_ENV)
-        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file and self._url.startswith("https") else None
-        if state.max_steps:
-            self._send(progress=self._progress(state, cap=100), metrics={"total_steps": state.max_steps})
-
-    def write(self, logs, step):
-        self._metrics.update((k, v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-
-    def on_step_end(self, args, state, control, **kwargs):
-        # the loop's cost: one clock read per step; an update at most every min_interval seconds
-        if self._started and not self._off and state.max_steps and time.monotonic() >= self._next_update:
-            if state.is_world_process_zero:
-                self._safely("on_step_end", self._report, state)
-
-    def _report(self, state) -> None:
-        now = time.monotonic()
-        self._next_update = now + self.min_interval
-        begin_time, begin_step = self._begin
-        done = state.global_step - begin_step
-        left = (now - begin_time) / done * (state.max_steps - state.global_step) if done > 0 else None
-        metrics = {**self._metrics, "current_step": state.global_step, "total_steps": state.max_steps}
-        if state.epoch is not None:
-            metrics["current_epoch"] = round(state.epoch, 2)
-        self._send(progress=self._progress(state, cap=99), seconds_left=left, metrics=metrics)
-
-    @staticmethod
-    def _progress(state, cap: int) -> int:
-        """Percent of the steps done, at most ``cap`` (99 until training has really ended)."""
-        return max(0, min(cap, int(100 * state.global_step / state.max_steps)))
-
-    def finish(self, failed):
-        if not failed:  # a failed run is not reported complete; the controller sees the pod fail
-            self._send(progress=100, seconds_left=0, metrics=self._metrics)
+        self._start_time: float | None = None  # time.time() when this run started
+        self._start_step = 0  # global_step then: the time left is paced by this run's steps
+        self._last_update_time = 0.0  # time.monotonic() of the last update sent
+        self._cached_token: str | None = None
+        self._token_read_time = 0.0
+        self._ssl_context: ssl.SSLContext | None = None
+        self._ssl_context_initialized = False
+        self._off = False  # an update failed: nothing more is sent
 
     # ---------------------------------------------------------------- the request
 
-    def _bearer(self) -> str | None:
-        path = os.getenv(TOKEN_ENV)
-        if not path:
-            return None
-        if self._token is None or time.monotonic() - self._token[1] >= TOKEN_TTL:
-            with open(path, encoding="utf-8") as f:  # a missing token file is an error: the update would be refused
-                self._token = (f.read().strip(), time.monotonic())
-        return self._token[0]
+    def _get_ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context trusting the controller's CA (``KUBEFLOW_TRAINER_SERVER_CA_CERT``), made once; None:
+        the system's CAs."""
+        if not self._ssl_context_initialized:
+            ca_file = os.getenv(CA_CERT_ENV)
+            self._ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+            self._ssl_context_initialized = True
+        return self._ssl_context
 
-    def _send(self, progress: int, seconds_left: float | None = None, metrics: dict | None = None) -> None:
-        """POST one status update; an HTTP error or a timeout raises (the tracker is then switched off)."""
-        status = {"lastUpdatedTime": datetime.now(timezone.utc).isoformat(), "progressPercentage": progress}
-        if seconds_left is not None:
-            status["estimatedRemainingSeconds"] = max(0, int(seconds_left))
-        if metrics:
-            status["metrics"] = [{"name": str(k), "value": str(v)} for k, v in metrics.items()]
-        headers = {"Content-Type": "application/json"}
-        token = self._bearer()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(self._url, data=json.dumps({"trainerStatus": status}).encode(),
-                                         headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=5, context=self._ssl) as response:  # >= 400 raises HTTPError
-            response.read()
+    def _get_token(self) -> str | None:
+        """The service-account token from ``KUBEFLOW_TRAINER_SERVER_TOKEN``'s file, re-read every
+        ``_TOKEN_CACHE_DURATION`` seconds; None without the variable or the file."""
+        now = time.monotonic()
+        if self._cached_token and now - self._token_read_time < self._TOKEN_CACHE_DURATION:
+            return self._cached_token
+        path = os.getenv(TOKEN_ENV)
+        if not path or not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            self._cached_token, self._token_read_time = f.read().strip(), now
+        return self._cached_token
+
+    def _update_status(self, progress_percent: int | None = None, estimated_time_remaining: float | None = None,
+                       metrics: dict | None = None, force: bool = False) -> bool:
+        """POST one status update; returns whether the controller took it. Nothing is sent (False) without the
+        URL, without a token, within ``_MIN_UPDATE_INTERVAL`` of the last update unless ``force``, or after a
+        failure; a failure (HTTP error, timeout) logs one error and switches the callback off."""
+        url = os.getenv(URL_ENV)
+        now = time.monotonic()
+        if not url or getattr(self, "_off", False) or (not force and now - self._last_update_time < self._MIN_UPDATE_INTERVAL):
+            return False
+        self._last_update_time = now
+        try:
+            token = self._get_token()
+            if not token:
+                logger.debug("report_to 'kubeflow': no token in %s; the update is not sent", TOKEN_ENV)
+                return False
+            status: dict = {"lastUpdatedTime": datetime.now(timezone.utc).isoformat()}
+            if progress_percent is not None:
+                status["progressPercentage"] = max(0, min(100, int(progress_percent)))
+            if estimated_time_remaining is not None:
+                status["estimatedRemainingSeconds"] = max(0, int(estimated_time_remaining))
+            if metrics:
+                status["metrics"] = [{"name": str(k), "value": str(v)} for k, v in metrics.items()]
+            request = urllib.request.Request(url, data=json.dumps({"trainerStatus": status}).encode(), method="POST",
+                                             headers={"Authorization": f"Bearer {token}",
+                                                      "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5, context=self._get_ssl_context()) as response:
+                return response.status == 200  # >= 400 raises HTTPError
+        except Exception as error:  # noqa: BLE001 - a tracker must never stop training
+            self._off = True
+            logger.error("report_to 'kubeflow' failed (%s: %s): switched off for the rest of this run; training goes "
+                         "on", type(error).__name__, error)
+            return False
+
+    # ---------------------------------------------------------------- the Trainer's events
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        self._start_time, self._start_step = time.time(), state.global_step
+        self._metrics = {}
+        self._initialized = True
+        # a resumed training starts at its share of the steps (transformers: 0%, then the share at the next step)
+        done = int(100 * state.global_step / state.max_steps) if state.max_steps else 0
+        self._update_status(progress_percent=done, metrics={"total_steps": state.max_steps} if state.max_steps else None,
+                            force=True)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._initialized and state.is_world_process_zero and logs is not None:
+            self._metrics.update((k, v) for k, v in logs.items()
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # the loop's cost between updates: one clock read (the update itself is built only when it can be sent)
+        if not self._initialized or not state.is_world_process_zero or not state.max_steps or state.max_steps <= 0:
+            return
+        if time.monotonic() - self._last_update_time < self._MIN_UPDATE_INTERVAL:
+            return
+        done = state.global_step - getattr(self, "_start_step", 0)
+        left = None
+        if self._start_time is not None and done > 0:
+            left = (time.time() - self._start_time) / done * (state.max_steps - state.global_step)
+        metrics = {**self._metrics, "current_step": state.global_step, "total_steps": state.max_steps}
+        if state.epoch is not None:
+            metrics["current_epoch"] = round(state.epoch, 2)
+        self._update_status(progress_percent=min(99, int(100 * state.global_step / state.max_steps)),
+                            estimated_time_remaining=left, metrics=metrics)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._initialized and state.is_world_process_zero:  # a failed run never gets here: not reported complete
+            self._update_status(progress_percent=100, estimated_time_remaining=0, metrics=self._metrics, force=True)

@@ -34,7 +34,8 @@ class SwanLabCallback(TrackerCallback):
 
     def _start(self, args, state, model, resumed):
         swanlab = self._swanlab
-        self._owns_run = self._active_run() is None
+        run = self._active_run()
+        self._owns_run = run is None
         if self._owns_run:
             names = [n for n in (args.run_name, state.trial_name) if n is not None]
             options = {"project": os.getenv("SWANLAB_PROJECT"), "name": "-".join(names) or None}
@@ -43,8 +44,8 @@ class SwanLabCallback(TrackerCallback):
                 options.update(id=run_id, resume=os.getenv("SWANLAB_RESUME", "allow"))
             elif os.getenv("SWANLAB_RESUME"):
                 options["resume"] = os.environ["SWANLAB_RESUME"]
-            swanlab.init(**options)
-        self.run_id = self._active_run().id
+            run = swanlab.init(**options)
+        self.run_id = getattr(self._active_run() or run, "id", None)  # the run init made, where get_run cannot say
         if not resumed:
             swanlab.config.update(run_config(args, model))
 
