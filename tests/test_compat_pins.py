@@ -326,3 +326,36 @@ def test_kubeflow_keeps_transformers_state_and_private_methods(tmp_path, monkeyp
     assert ours == theirs
     assert ours[0] == [False, "secret-token", True, {"loss": 0.5, "learning_rate": 0.1}, False, True, False]
     assert ours[1] == [(0, ["total_steps"]), (50, ["x"]), (100, ["loss", "learning_rate"])]
+
+
+# ---------------------------------------------------------------- a deliberate difference kept
+
+def test_a_checkpoint_whose_weights_do_not_fit_is_refused_where_transformers_resumes_from_fresh_weights(tmp_path):
+    """A subclass's ``_save`` renamed the weights' keys: transformers' resume loads them with ``strict=False``, warns,
+    and goes on from the model's fresh weights (its trained ones silently lost); cadence refuses the resume, naming
+    the keys (docs/differences.md)."""
+    from safetensors.torch import save_file
+
+    class Model(RegressionModel):
+        _keys_to_ignore_on_save = None  # read by transformers' load warnings (a PreTrainedModel attribute)
+
+    def resume(lib, out):
+        class Renaming(lib.Trainer):
+            def _save(self, output_dir=None, state_dict=None):
+                os.makedirs(output_dir, exist_ok=True)
+                weights = {f"renamed.{k}": v.detach().clone() for k, v in self.model.state_dict().items()}
+                save_file(weights, os.path.join(output_dir, "model.safetensors"))
+
+        args = make_args(out, lib, max_steps=2, per_device_train_batch_size=4, save_strategy="steps", save_steps=2,
+                         learning_rate=0.5, use_cpu=True)
+        trained = Renaming(Model(), args, train_dataset=RegressionDataset(16))
+        trained.train()
+        fresh = lib.Trainer(Model(a=0.25, b=-0.25), args, train_dataset=RegressionDataset(16))
+        fresh.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))  # nothing left to train: loads only
+        return [float(p) for p in fresh.model.parameters()], [float(p) for p in trained.model.parameters()]
+
+    resumed, trained = resume(transformers, str(tmp_path / "theirs"))
+    assert resumed == [0.25, -0.25] and resumed != trained  # transformers: the fresh weights, the trained ones lost
+    with pytest.raises(ValueError, match=r"do not fit Model: missing \['a', 'b'\], unexpected "
+                                         r"\['renamed.a', 'renamed.b'\]"):
+        resume(cadence, str(tmp_path / "ours"))
