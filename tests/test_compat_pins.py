@@ -179,7 +179,8 @@ def test_a_collator_returning_a_tuple_of_collated_batches_trains_as_in_transform
     rows = [{"query": f"w{i} w{i + 1}", "passage": f"w{i + 1} w{i + 2} w{i}"} for i in range(16)]
 
     def collate(features):
-        encode = lambda key: tokenizer([f[key] for f in features], padding=True, return_tensors="pt")  # noqa: E731
+        encode = lambda key: tokenizer([f[key] for f in features], padding=True, return_tensors="pt",  # noqa: E731
+                                       return_token_type_ids=False)
         return encode("query"), encode("passage")
 
     def run(lib, out):
@@ -191,7 +192,7 @@ def test_a_collator_returning_a_tuple_of_collated_batches_trains_as_in_transform
 
     (our_losses, ours), (their_losses, theirs) = run(cadence, tmp_path / "ours"), run(transformers, tmp_path / "theirs")
     assert len(our_losses) == 4
-    assert our_losses == pytest.approx(their_losses, rel=1e-6)
+    assert our_losses == pytest.approx(their_losses, abs=1e-4)  # 4.x logs the loss rounded to 4 decimals
     assert torch.allclose(ours, theirs, atol=1e-6)
 
 
@@ -302,7 +303,11 @@ def test_kubeflow_keeps_transformers_state_and_private_methods(tmp_path, monkeyp
     from test_trackers_more import StatusServer, kubeflow_env
 
     from cadence.integrations.kubeflow import KubeflowCallback
-    from transformers.integrations.integration_utils import KubeflowCallback as TheirKubeflow
+
+    their_module = transformers.integrations.integration_utils
+    if not hasattr(their_module, "KubeflowCallback"):
+        pytest.skip(f"transformers {transformers.__version__} has no KubeflowCallback")
+    TheirKubeflow = their_module.KubeflowCallback
 
     def drive(cls, server):
         kubeflow_env(monkeypatch, tmp_path, server.url)
