@@ -2,8 +2,10 @@
 
 A checkpoint is written into ``tmp-checkpoint-N/``, every file flushed and fsynced, and only then
 renamed to ``checkpoint-N/``: a folder with that name is always complete (``get_last_checkpoint``
-also requires ``trainer_state.json``, written last). Rotation keeps the newest checkpoints and the
-best one, and never deletes the one just written.
+also requires ``trainer_state.json``, written last; while a Trainer subclass's ``_save`` writes, ``checkpoint-N``
+is a link to the staging folder, which has none). Rotation keeps the newest checkpoints and the
+best one, and never deletes the one just written; with ``save_total_limit=1`` the end of training leaves the best
+alone.
 """
 
 from __future__ import annotations
@@ -248,7 +250,8 @@ def _fsync_dir(folder: Path) -> None:
 
 def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
     """Delete ``tmp-checkpoint-*`` folders a killed save left behind (and the ``checkpoint-N`` link to one that
-    :func:`final_name` made) and ``deleting-checkpoint-*`` ones a killed rotation left; put back an ``old-checkpoint-N`` whose replacement was interrupted. Returns the deleted folders."""
+    :func:`final_name` made) and ``deleting-checkpoint-*`` ones a killed rotation left; put back an
+    ``old-checkpoint-N`` whose replacement was interrupted. Returns the deleted folders."""
     output_dir = Path(output_dir)
     deleted = []
     for old in output_dir.glob("old-checkpoint-*"):
@@ -287,9 +290,8 @@ def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: s
     return delete_oldest(own, limit, {just_written, best})
 
 
-
-
-def keep_only_best(output_dir: str | os.PathLike, best: str | os.PathLike, earlier: set[Path] = frozenset()) -> list[Path]:
+def keep_only_best(output_dir: str | os.PathLike, best: str | os.PathLike,
+                   earlier: set[Path] = frozenset()) -> list[Path]:
     """When a run with ``save_total_limit=1`` ends: delete every checkpoint but ``best``, as transformers does after
     its last save (during training rotation also keeps the newest, for a resume). The ``earlier`` run's checkpoints
     neither count nor go, as in :func:`rotate_checkpoints`.

@@ -10,10 +10,10 @@ every 5 seconds after optimizer steps (capped at 99%), 100% when training ends.
 
 The callback keeps transformers' attributes and private methods (``_initialized``, ``_metrics``, ``_start_time``,
 ``_last_update_time``, ``_MIN_UPDATE_INTERVAL``, ``_get_token``, ``_get_ssl_context``, ``_update_status``), which
-its tests and subclasses drive. Three differences: a resumed run starts at its share of the steps (not 0%), and the time
-left is estimated from the steps of this run, so a resumed run does not count the steps it skipped as done in no
-time; and an update the controller refuses (an HTTP error, a
-timeout) logs one error and switches the callback off, where transformers logs at debug level and keeps sending.
+its tests and subclasses drive. Three differences: a resumed run starts at its share of the steps (not 0%); the
+time left is estimated from the steps of this run, so a resumed run does not count the steps it skipped as done in
+no time; and an update the controller refuses (an HTTP error, a timeout) logs one error and switches the callback
+off, where transformers logs it at debug level and keeps sending.
 ``DISABLE_KUBEFLOW_INTEGRATION=TRUE`` turns it off; ``report_to="all"`` includes it only when the URL is set.
 """
 
@@ -86,9 +86,9 @@ class KubeflowCallback(TrainerCallback):
         """POST one status update; returns whether the controller took it. Nothing is sent (False) without the
         URL, without a token, within ``_MIN_UPDATE_INTERVAL`` of the last update unless ``force``, or after a
         failure; a failure (HTTP error, timeout) logs one error and switches the callback off."""
-        url = os.getenv(URL_ENV)
-        now = time.monotonic()
-        if not url or getattr(self, "_off", False) or (not force and now - self._last_update_time < self._MIN_UPDATE_INTERVAL):
+        url, now = os.getenv(URL_ENV), time.monotonic()
+        throttled = not force and now - self._last_update_time < self._MIN_UPDATE_INTERVAL
+        if not url or throttled or getattr(self, "_off", False):  # _off: absent where a test skipped __init__
             return False
         self._last_update_time = now
         try:
@@ -124,8 +124,8 @@ class KubeflowCallback(TrainerCallback):
         self._initialized = True
         # a resumed training starts at its share of the steps (transformers: 0%, then the share at the next step)
         done = int(100 * state.global_step / state.max_steps) if state.max_steps else 0
-        self._update_status(progress_percent=done, metrics={"total_steps": state.max_steps} if state.max_steps else None,
-                            force=True)
+        total = {"total_steps": state.max_steps} if state.max_steps else None
+        self._update_status(progress_percent=done, metrics=total, force=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self._initialized and state.is_world_process_zero and logs is not None:
