@@ -364,3 +364,11 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_refused_where_transformers_res
     with pytest.raises(ValueError, match=r"do not fit Model: missing \['a', 'b'\], unexpected "
                                          r"\['renamed.a', 'renamed.b'\]"):
         resume(cadence, str(tmp_path / "ours"))
+
+
+def test_eval_steps_falling_back_to_a_negative_logging_steps_is_refused_as_in_transformers(tmp_path):
+    kw = dict(eval_strategy="steps", logging_steps=-1, report_to="none", use_cpu=True)
+    with pytest.raises(ValueError, match="requires either non-zero --eval_steps or --logging_steps"):
+        transformers.TrainingArguments(str(tmp_path / "theirs"), **kw)
+    with pytest.raises(ValueError, match=r"eval_steps=None is invalid: .*logging_steps=-1"):
+        cadence.TrainingArguments(str(tmp_path / "ours"), **kw)

@@ -1624,6 +1624,9 @@ def _convert_enums(args: TrainingArguments) -> None:
 def _derive_eval_steps(args: TrainingArguments) -> None:
     # HF's rule: evaluating "every steps" without eval_steps (or with 0) evaluates as often as it logs.
     if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps:
+        if _is_number(args.logging_steps) and args.logging_steps <= 0:  # transformers refuses it here too
+            raise _invalid("eval_steps", args.eval_steps, "set when logging_steps is not above 0 (eval_steps falls "
+                           f"back to logging_steps={args.logging_steps!r})", "pass e.g. eval_steps=500")
         logger.info("eval_steps not set: using logging_steps=%s", args.logging_steps)
         args.eval_steps = args.logging_steps
 
