@@ -117,8 +117,11 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_siz
     start = time.time()
     result = trainer.train(resume_from_checkpoint=True if resume else None)
     elapsed = time.time() - start
-    # the last step evaluated, or one evaluation now for runs shorter than eval_steps
-    metrics = next((h for h in reversed(trainer.state.log_history) if "eval_loss" in h), None) or trainer.evaluate()
+    # the last step's evaluation, or one now (a run shorter than eval_steps; with transformers < 5.4 installed, a last
+    # step off the interval is not evaluated: cadence.versions)
+    final = trainer.state.global_step
+    metrics = next((h for h in reversed(trainer.state.log_history) if "eval_loss" in h and h.get("step") == final),
+                   None) or trainer.evaluate()
     trainer.save_model(output_dir)
     trainer.state.save_to_json(str(Path(output_dir) / "trainer_state.json"))
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h] or [result.training_loss]
