@@ -187,3 +187,14 @@ def any_process(flag: bool, device: torch.device) -> bool:
     combined = torch.tensor([1.0 if flag else 0.0], device=device)
     torch.distributed.all_reduce(combined, op=torch.distributed.ReduceOp.MAX)
     return bool(combined.item())
+
+
+def every_process(obj: Any) -> list:
+    """Every process's ``obj`` (picklable), in rank order: a collective over the whole process group (every process
+    must call it), ``[obj]`` without one. How the processes of a job on several machines see one another's disk and
+    environment before they take a decision that steers collectives (which checkpoint to resume, is this a restart)."""
+    if process_group_size_and_rank() is None:
+        return [obj]
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, obj)
+    return gathered
