@@ -7,8 +7,8 @@ write the final weights. usage: ddp_resume_worker.py OUT_DIR [--stop N] [--resum
 --pause-rank0 N: in the first attempt, process 0 sleeps at the end of step N (outside any collective) until its
   torchrun agent stops it: on two nodes, the agent of a healthy node restarts it without counting a restart.
 --save-on-each-node: save_on_each_node=True, for "nodes" whose output_dir is each their own (NODE_DISK below).
---drop-newest-on-rank1: in a restarted attempt, process 1 deletes the newest checkpoint of its output_dir first, as if
-  it had never reached that node's disk.
+--drop-on-rank1 NAME: in a restarted attempt, process 1 deletes checkpoint NAME of its output_dir first (complete or
+  not), as if it had never reached that node's disk.
 The environment's NODE_DISK (the tests set one per torchrun "node"), when set, puts output_dir in OUT_DIR/NODE_DISK: a
 disk of that node's own. The first attempt is told apart by files in OUT_DIR's folder (on two nodes each torchrun
 agent counts its own restarts, and ranks may move between nodes).
@@ -81,10 +81,11 @@ def main(out: str) -> None:
         out = os.path.join(out, os.environ["NODE_DISK"])
     pause = int(sys.argv[sys.argv.index("--pause-rank0") + 1]) if "--pause-rank0" in sys.argv else None
     restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" or os.path.exists(marks + ".killed")
-    if "--drop-newest-on-rank1" in sys.argv and os.environ.get("RANK") == "1" and restarted and os.path.isdir(out):
-        newest = max((n for n in os.listdir(out) if n.startswith("checkpoint-")), key=lambda n: int(n.split("-")[1]))
-        shutil.rmtree(os.path.join(out, newest))
-        say(f"DROPPED {newest} on rank 1")
+    if "--drop-on-rank1" in sys.argv and os.environ.get("RANK") == "1" and restarted:
+        name = sys.argv[sys.argv.index("--drop-on-rank1") + 1]
+        for folder in (os.path.join(out, name), os.path.join(out, "tmp-" + name)):  # complete, or killed mid-save
+            shutil.rmtree(folder, ignore_errors=True)
+        say(f"DROPPED {name} on rank 1")
     stop = int(sys.argv[sys.argv.index("--stop") + 1]) if "--stop" in sys.argv else None
     term = int(sys.argv[sys.argv.index("--sigterm-rank0") + 1]) if "--sigterm-rank0" in sys.argv else None
     kill = int(sys.argv[sys.argv.index("--kill-rank1") + 1]) if "--kill-rank1" in sys.argv else None

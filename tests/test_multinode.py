@@ -83,30 +83,54 @@ def check_restarted(codes, text, said, resumed_at):
 
 
 @pytest.mark.slow
-def test_a_restart_on_two_nodes_whose_agents_disagree_resumes_on_both(tmp_path, unbroken):
+def test_a_two_node_restart_whose_agents_disagree_resumes_the_newest_checkpoint_every_node_holds(tmp_path, unbroken):
     """Process 1 is SIGKILLed at step 5 while process 0 is outside any collective: process 1's agent counts a restart,
     process 0's restarts it as a membership change and counts none (TORCHELASTIC_RESTART_COUNT 1 and 0). Each process
     deciding alone took different paths and waited in different collectives until ddp_timeout; now the job agrees that
-    it restarted, resumes checkpoint-4 on both and ends with the unbroken run's weights."""
-    out = str(tmp_path / "run")
-    codes, text, said = two_nodes(out, "--save-steps", "2", "--kill-rank1", "5", "--pause-rank0", "5")
-    check_restarted(codes, text, said, resumed_at=4)
-    assert_same_weights(os.path.join(out, "final.pt"), unbroken)
-
-
-@pytest.mark.slow
-def test_a_restart_resumes_the_newest_checkpoint_every_node_holds(tmp_path, unbroken):
-    """Each node writes its own disk (save_on_each_node); at the restart checkpoint-4 is gone from process 1's: the main
-    process's newest is not every process's, so the job resumes checkpoint-2, which both hold, with a warning, and still
-    ends with the unbroken run's weights."""
+    it restarted. Each node writes its own disk (save_on_each_node), and at the restart checkpoint-4 is gone from
+    process 1's: the main process's newest is not every process's, so both resume checkpoint-2, which both hold, with a
+    warning, and end with the unbroken run's weights. (A shared disk takes the same path, with every checkpoint held
+    by all: tests/test_ddp_resume.py's torchrun restart.)"""
     out = str(tmp_path / "run")
     codes, text, said = two_nodes(out, "--save-steps", "2", "--kill-rank1", "5", "--pause-rank0", "5",
-                                  "--save-on-each-node", "--drop-newest-on-rank1", disks=True)
+                                  "--save-on-each-node", "--drop-on-rank1", "checkpoint-4", disks=True)
     assert "DROPPED checkpoint-4 on rank 1" in said, said
     check_restarted(codes, text, said, resumed_at=2)
     assert "checkpoint-4 is not on the disk of every process of the job" in text, text[-6000:]
     final = [os.path.join(out, disk, "final.pt") for disk in ("a", "b")]
     assert_same_weights(next(f for f in final if os.path.exists(f)), unbroken)
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_processes_name_their_attempt_alike_over_a_store_holding_earlier_attempts_keys(late):
+    """torchrun's store keeps every attempt's keys. Here rank 0 started twice before, rank 1 once (its first attempt
+    died before it set anything up) and earlier answers are still there; whichever rank comes late, both name this
+    attempt alike, by a number no earlier attempt used (rank 0's third start), so the group's keys are new."""
+    import threading
+    from datetime import timedelta
+
+    from cadence.backend.processes import _agreed_attempt
+
+    master = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    master.add("cadence/starts/0", 2)
+    master.add("cadence/starts/1", 1)
+    for key, value in {"cadence/answer/1/1": b"2", "cadence/ack/1/2": b"1", "cadence/answer/1/2": b"1"}.items():
+        master.set(key, value)
+    master.delete_key("cadence/answer/1/2")  # the answer the second attempt's rank 1 never came to read
+    named = {}
+
+    def start(rank):
+        if rank == late:
+            time.sleep(0.3)
+        store = torch.distributed.TCPStore("127.0.0.1", master.port, is_master=False)
+        named[rank] = _agreed_attempt(store, rank, 2, timedelta(seconds=30))
+
+    threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert named == {0: 3, 1: 3}
 
 
 # ------------------------------------------------------------------ SLURM's srun

@@ -686,11 +686,11 @@ class Trainer:
         folder = agreed_checkpoint(newest_own, args.output_dir)
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         if folder is not None:
-            logger.warning("torchrun (or SLURM) restarted this job (restart %s here): resuming from its newest intact checkpoint "
-                           "%s", restart, folder)
+            logger.warning("torchrun (or SLURM) restarted this job (restart %s here): resuming from its newest intact "
+                           "checkpoint %s", restart, folder)
         else:
-            logger.warning("torchrun (or SLURM) restarted this job (restart %s here): no checkpoint of this job in output_dir=%r, "
-                           "training from the start", restart, args.output_dir)
+            logger.warning("torchrun (or SLURM) restarted this job (restart %s here): no intact checkpoint of this job "
+                           "that every process holds in output_dir=%r, training from the start", restart, args.output_dir)
         return folder
 
     def _train_holding_lock(self, resume_from_checkpoint, trial, ignore_keys_for_eval) -> TrainOutput:

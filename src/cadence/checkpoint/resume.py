@@ -432,9 +432,14 @@ def agreed_checkpoint(choose: Callable[[set[str] | None], Path | None], output_d
                     f"{', '.join(lacking)} (the main process holds it): each process reads the checkpoint from its own "
                     "disk; pass a folder every node sees (a shared filesystem), or copy it to each node")
             answer = choose(set.intersection(*(set(theirs["names"]) for theirs in every)))
+            if answer is not None and Path(answer).parent.resolve() == Path(output_dir).resolve():
+                answer = (type(answer), Path(answer).name)  # each process's own output_dir/name (its own disk)
         except Exception as error:  # noqa: BLE001 - every process raises it, not the main one alone
             answer = error
     answer = every_process(answer)[0]
     if isinstance(answer, BaseException):
         raise answer
+    if isinstance(answer, tuple):
+        kind, name = answer
+        return kind(Path(output_dir) / name)
     return answer
