@@ -133,6 +133,50 @@ def test_processes_name_their_attempt_alike_over_a_store_holding_earlier_attempt
     assert named == {0: 3, 1: 3}
 
 
+def _choose_on_own_disk(rank, root, port, said):
+    """One of 2 processes (gloo over 127.0.0.1) whose output_dir is its own folder ("its disk"): rank 1's lacks
+    checkpoint-4. Writes what find_resume_folder gave it for True, then for the relative path checkpoint-4."""
+    import json
+    from types import SimpleNamespace
+
+    from cadence.checkpoint.resume import find_resume_folder
+    from cadence.trainer_callback import TrainerState
+
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    disk = os.path.join(root, f"disk{rank}")
+    for step in (2, 4) if rank == 0 else (2,):
+        os.makedirs(os.path.join(disk, f"checkpoint-{step}"))
+        with open(os.path.join(disk, f"checkpoint-{step}", "trainer_state.json"), "w") as f:
+            f.write(TrainerState(global_step=step).to_json_string())
+    os.chdir(disk)  # the relative checkpoint-4 is on rank 0's disk only
+    args, got = SimpleNamespace(should_save=False, output_dir=disk), {}
+    got["newest"] = str(find_resume_folder(True, args, torch.distributed.barrier))
+    try:
+        find_resume_folder("checkpoint-4", args, torch.distributed.barrier)
+    except ValueError as error:
+        got["named"] = str(error)
+    torch.distributed.destroy_process_group()
+    with open(os.path.join(said, f"{rank}.json"), "w") as f:
+        json.dump(got, f)
+
+
+@pytest.mark.slow
+def test_every_process_resumes_the_newest_checkpoint_all_hold_and_a_path_one_lacks_stops_all(tmp_path):
+    """resume_from_checkpoint=True on two processes whose disks differ: both get checkpoint-2 (rank 1 lacks the main
+    process's newest, checkpoint-4), each in its own output_dir; a path that one process lacks is an error on both,
+    naming that process (each deciding alone, rank 0 would load checkpoint-4 while rank 1 raised or loaded another)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_choose_on_own_disk, args=(str(tmp_path), free_port(), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    got = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert [g["newest"] for g in got] == [str(tmp_path / f"disk{rank}" / "checkpoint-2") for rank in (0, 1)]
+    for g in got:
+        assert "resume_from_checkpoint='checkpoint-4' is not a complete checkpoint on the disk of process 1" in g["named"]
+
+
 # ------------------------------------------------------------------ SLURM's srun
 
 

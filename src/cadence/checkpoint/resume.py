@@ -61,17 +61,18 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
     """
     if resume_from_checkpoint is True:
         found = sorted_checkpoints(output_dir) if os.path.isdir(output_dir) else []
-        if among is not None and found and not any(folder.name in among for folder in found):
-            raise ValueError(
-                f"resume_from_checkpoint=True, but no checkpoint of output_dir={str(output_dir)!r} is on the disk of "
-                f"every process of the job (this one holds {', '.join(f.name for f in found)}): each process reads "
-                "the checkpoint from its own disk; put output_dir on a filesystem every node shares, or set "
-                "save_on_each_node=True so that each node writes its own copy")
-        if among is not None and found[-1:] and found[-1].name not in among:
-            newest = found[-1].name
-            found = [folder for folder in found if folder.name in among]
-            logger.warning("%s is not on the disk of every process of the job: resuming from %s, the newest "
-                           "checkpoint they all hold", newest, found[-1].name)
+        if among is not None and found:  # only what every process of the job holds on its own disk
+            held = [folder for folder in found if folder.name in among]
+            if not held:
+                raise ValueError(
+                    f"resume_from_checkpoint=True, but no checkpoint of output_dir={str(output_dir)!r} is on the disk "
+                    f"of every process of the job (the main process holds {', '.join(f.name for f in found)}): each "
+                    "process reads the checkpoint from its own disk; put output_dir on a filesystem every node shares, "
+                    "or set save_on_each_node=True so that each node writes its own copy")
+            if held[-1] != found[-1]:
+                logger.warning("%s is not on the disk of every process of the job: resuming from %s, the newest "
+                               "checkpoint they all hold", found[-1].name, held[-1].name)
+            found = held
         if not found:
             raise ValueError(  # it starts with transformers' wording, which scripts and tests match on
                 f"No valid checkpoint found in output directory ({output_dir}): "
