@@ -649,8 +649,8 @@ class Trainer:
         refused = every_process(refused)[0]  # the main process's answer on every process: none waits for a refused one
         if refused is not None:
             raise refused
-        # one answer for the job: each node's torchrun agent counts its own restarts, and one that restarts its healthy
-        # worker because another node's failed counts none (a membership change), so it was a restart if any process says so
+        # one answer for the job: each node's torchrun agent counts its own restarts, and one that restarts its
+        # healthy worker because another node's failed counts none (a membership change): any process's yes counts
         if resume_from_checkpoint is None and any_process(output_guard.restarted_by_torchrun(), args.device):
             resume_from_checkpoint = self._restarted_job_checkpoint()  # (False: told not to resume)
         if resume_from_checkpoint in (None, False):
@@ -690,7 +690,8 @@ class Trainer:
                            "checkpoint %s", restart, folder)
         else:
             logger.warning("torchrun (or SLURM) restarted this job (restart %s here): no intact checkpoint of this job "
-                           "that every process holds in output_dir=%r, training from the start", restart, args.output_dir)
+                           "that every process holds in output_dir=%r, training from the start", restart,
+                           args.output_dir)
         return folder
 
     def _train_holding_lock(self, resume_from_checkpoint, trial, ignore_keys_for_eval) -> TrainOutput:
