@@ -253,3 +253,30 @@ def test_two_processes_started_as_srun_starts_them_train_as_torchrun(tmp_path, u
         in texts[1], texts[1][-3000:]
     assert sorted(re.findall(r"FINISHED rank \d", "\n".join(lines))) == ["FINISHED rank 0", "FINISHED rank 1"], lines
     assert_same_weights(os.path.join(out, "final.pt"), unbroken)
+
+
+def test_a_job_slurm_requeued_resumes_its_own_checkpoint_by_itself(tmp_path, monkeypatch):
+    """sbatch --requeue: SLURM starts the job again with its id and SLURM_RESTART_COUNT=1. Not told to resume, it
+    continues its own newest checkpoint and ends with the unbroken run's weights; another job's checkpoint there is only
+    warned about (a new run)."""
+    from test_resume import train
+
+    from cadence import TrainerCallback
+
+    class Start(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            starts.append(state.global_step)
+
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    full, _ = train(tmp_path / "full")
+    out, starts = tmp_path / "run", []
+    train(out, stop=4, save_steps=2, callbacks=[Start()])
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    requeued, _ = train(out, save_steps=2, callbacks=[Start()])
+    assert starts == [0, 4]
+    assert all(torch.equal(a, b) for a, b in zip(requeued.model.state_dict().values(), full.model.state_dict().values()))
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job, requeued: the checkpoints there are not its own
+    train(tmp_path / "run", stop=2, save_steps=2, callbacks=[Start()])
+    assert starts == [0, 4, 0]
