@@ -79,6 +79,7 @@ def run_page(page: Path) -> None:
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # processes a python block starts import this checkout's cadence too
     with tempfile.TemporaryDirectory() as tools:
         env["PATH"] = os.pathsep.join([str(_shims(Path(tools))), os.path.dirname(sys.executable), env["PATH"]])
         namespace = {"__name__": "__main__", "out_dir": os.path.abspath("out")}

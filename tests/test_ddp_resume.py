@@ -98,11 +98,15 @@ def test_a_restarted_attempt_connects_when_one_process_starts_late(tmp_path):
     assert_finished(proc, 2)
 
 
-@pytest.mark.parametrize("restart, nodes, prefixed", [("2", "1", True), ("0", "1", False), ("2", "2", False)])
-def test_only_a_restart_on_one_node_keys_its_group_setup_by_the_attempt(monkeypatch, restart, nodes, prefixed):
+@pytest.mark.parametrize("restart, nodes, prefix", [("2", "1", "cadence/torchrun_attempt_2/"), ("0", "1", None),
+                                                     ("2", "2", "cadence/torchrun_start_1/"),
+                                                     ("0", "2", "cadence/torchrun_start_1/")])
+def test_a_restart_keys_its_group_setup_by_an_attempt_every_process_names_alike(monkeypatch, restart, nodes, prefix):
     """In this process, a group of one over a TCPStore standing for torchrun's: a restart on one node sets its group up
-    under ``cadence/torchrun_attempt_N/``; the first attempt, and a job on several nodes (each node's agent counts its
-    own restarts, so the count names no common attempt), keep torch's keys."""
+    under ``cadence/torchrun_attempt_N/`` (one agent: its count names the attempt); the first attempt on one node keeps
+    torch's keys; on several nodes each agent counts its own restarts (a healthy node's counts none), so every attempt,
+    the first too, is named by the processes' own count of their starts, agreed through the store
+    (``cadence/torchrun_start_N/``)."""
     agent = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "RANK": "0", "WORLD_SIZE": "1",
            "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": restart, "GROUP_WORLD_SIZE": nodes}
@@ -113,8 +117,8 @@ def test_only_a_restart_on_one_node_keys_its_group_setup_by_the_attempt(monkeypa
     try:
         total = torch.ones(1)
         torch.distributed.all_reduce(total)
-        keys = agent.list_keys()
+        keys = [key for key in agent.list_keys() if not key.startswith("cadence/starts/")]
     finally:
         torch.distributed.destroy_process_group()
     assert total.item() == 1 and keys
-    assert all(key.startswith(f"cadence/torchrun_attempt_{restart}/") for key in keys) == prefixed, keys
+    assert all(key.startswith(prefix) for key in keys) if prefix else not any(k.startswith("cadence/") for k in keys), keys

@@ -12,7 +12,7 @@ import pytest
 from doc_blocks import PAGES, ROOT, blocks
 
 # pages whose commands start fresh processes that import transformers (and trl, torchrun): over 20 s here
-SLOW = {"README.md", "docs/cli.md", "docs/libraries.md"}
+SLOW = {"README.md", "docs/cli.md", "docs/libraries.md", "docs/distributed.md"}
 
 
 def page_id(page):

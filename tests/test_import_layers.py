@@ -100,7 +100,7 @@ def test_the_checker_finds_a_cycle_made_of_a_deferred_import(tmp_path):
 # data and checkpoints ask the backend's device and process facts, never its engines.
 FLOORS = [
     ("device and process facts", ["cadence.version", "cadence.versions", "cadence.peft_support", "cadence.backend.devices",
-                                  "cadence.backend.processes"]),
+                                  "cadence.backend.processes", "cadence.backend.slurm"]),
     ("public helpers and file formats", ["cadence.trainer_utils", "cadence.memory_metrics", "cadence.checks",
                                          "cadence.checkpoint", "cadence.checkpoint.formats",
                                          "cadence.checkpoint.sharded", "cadence.checkpoint.deepspeed_files"]),

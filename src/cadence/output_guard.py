@@ -109,13 +109,16 @@ def _windows_pid_alive(pid: int) -> bool:
 
 
 def job_identity() -> str | None:
-    """A hash naming this torchrun job, the same in every attempt torchrun restarts; None outside torchrun.
+    """A hash naming this torchrun job, the same in every attempt torchrun restarts (or this SLURM job, the same
+    when SLURM requeues it); None outside both.
 
     torchrun's run id (``--rdzv-id``; a fresh uuid with ``--standalone``) and the command line name the job.
     Without a run id (static rendezvous: ``none``), the launching agent does (this process's parent, its
     host and start time): torchrun restarts workers from the same agent.
     """
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None and os.environ.get("SLURM_JOB_ID"):  # a SLURM job (srun, sbatch): requeued, it keeps its id
+        return hashlib.sha256("\0".join(["slurm", os.environ["SLURM_JOB_ID"], *sys.argv]).encode()).hexdigest()[:16]
     if run_id is None:
         return None
     parts = [run_id, *sys.argv]
@@ -135,9 +138,14 @@ def _start_time(pid: int) -> str:
 
 
 def restarted_by_torchrun() -> bool:
-    """This process is a worker torchrun started again after a failure (``TORCHELASTIC_RESTART_COUNT > 0``)."""
+    """This process is a worker torchrun started again after a failure (``TORCHELASTIC_RESTART_COUNT > 0``), or
+    one of a SLURM job that SLURM requeued (``SLURM_RESTART_COUNT > 0``, outside torchrun). On several nodes each
+    torchrun agent counts its own restarts: the Trainer asks every process and takes any one's yes."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if count is None and os.environ.get("SLURM_JOB_ID"):
+        count = os.environ.get("SLURM_RESTART_COUNT")
     try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        return int(count or "0") > 0
     except ValueError:
         return False
 

@@ -33,12 +33,12 @@ from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
-from .backend import AcceleratorView, Backend, accelerator_kwargs
+from .backend import AcceleratorView, Backend, accelerator_kwargs, any_process, every_process
 from .checkpoint import background, formats, manifest, save_load, signals, writer
 # transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
 from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
 from .checkpoint.rng import capture_rng_state, restore_rng_state
-from .checkpoint.resume import ResumePoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
+from .checkpoint.resume import ResumePoint, agreed_checkpoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
 from .integrations import base as trackers, registry as integrations
 from .loop_state import BatchLayout, LoopState, data_identity
 from .memory_metrics import TrainerMemoryTracker
@@ -640,37 +640,58 @@ class Trainer:
         """
         args = self.args
         main = args.process_index == 0  # one owner, also with save_on_each_node on a shared disk
+        refused = None
         if main:
-            lock.acquire()
-        if resume_from_checkpoint is None and output_guard.restarted_by_torchrun():  # False: told not to resume
-            resume_from_checkpoint = self._restarted_job_checkpoint()
+            try:
+                lock.acquire()
+            except ValueError as error:
+                refused = error
+        refused = every_process(refused)[0]  # the main process's answer on every process: none waits for a refused one
+        if refused is not None:
+            raise refused
+        # one answer for the job: each node's torchrun agent counts its own restarts, and one that restarts its
+        # healthy worker because another node's failed counts none (a membership change): any process's yes counts
+        if resume_from_checkpoint is None and any_process(output_guard.restarted_by_torchrun(), args.device):
+            resume_from_checkpoint = self._restarted_job_checkpoint()  # (False: told not to resume)
         if resume_from_checkpoint in (None, False):
             output_guard.note_earlier_run(lock, args.overwrite_output_dir, main=main)
         self.backend.barrier()
         return resume_from_checkpoint
 
     def _restarted_job_checkpoint(self) -> str | None:
-        """torchrun restarted this job: its newest intact checkpoint in ``output_dir`` (the main process decides,
-        every process gets its answer), or None when it wrote none yet. Logged."""
-        args, folder, job = self.args, None, output_guard.job_identity()
+        """torchrun restarted this job: its newest intact checkpoint in ``output_dir`` that every process holds (the
+        main process decides among them, every process gets its answer: ``agreed_checkpoint``), or None when it
+        wrote none yet. Logged."""
+        args, job = self.args, output_guard.job_identity()  # the main process's: it wrote the checkpoints' loop state
         if args.process_index == 0 and job is not None and os.path.isdir(args.output_dir):
             writer.remove_incomplete(args.output_dir)  # a save the restart interrupted: never chosen
+        self.backend.barrier()
+
+        def newest_own(among: set[str] | None) -> str | None:
+            if job is None:
+                return None
             for path in output_guard.job_checkpoints(args.output_dir, job):
+                if among is not None and path.name not in among:
+                    logger.warning("%s is not on the disk of every process of the job; trying this job's older "
+                                   "checkpoint", path)
+                    continue
                 try:
                     manifest.verify_checkpoint(path)
                 except formats.CorruptCheckpointError as e:
                     logger.warning("%s; trying this job's older checkpoint", e)
                     continue
-                folder = str(path)
-                break
-        folder = self.backend.broadcast_object(folder)
+                return str(path)
+            return None
+
+        folder = agreed_checkpoint(newest_own, args.output_dir)
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         if folder is not None:
-            logger.warning("torchrun restarted this job (restart %s): resuming from its newest intact checkpoint %s",
-                           restart, folder)
+            logger.warning("torchrun (or SLURM) restarted this job (restart %s here): resuming from its newest intact "
+                           "checkpoint %s", restart, folder)
         else:
-            logger.warning("torchrun restarted this job (restart %s): no checkpoint of this job in output_dir=%r, "
-                           "training from the start", restart, args.output_dir)
+            logger.warning("torchrun (or SLURM) restarted this job (restart %s here): no intact checkpoint of this job "
+                           "that every process holds in output_dir=%r, training from the start", restart,
+                           args.output_dir)
         return folder
 
     def _train_holding_lock(self, resume_from_checkpoint, trial, ignore_keys_for_eval) -> TrainOutput:

@@ -6,7 +6,7 @@ The loop asks verbs (``prepare_model``, ``no_sync``, ``autocast``, ``backward``,
 asks which engine is underneath; ``pin_memory``, ``empty_cache`` and ``free_memory`` answer for its device. Code
 with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks this module's functions instead:
 ``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``, ``peak_flops``,
-``process_group_size_and_rank``, ``any_process``. No other module calls torch.cuda or torch.distributed.
+``process_group_size_and_rank``, ``any_process``, ``every_process``. No other module calls torch.cuda or torch.distributed.
 ``AcceleratorView`` is ``trainer.accelerator``: accelerate's ``Accelerator`` methods for subclasses, on one
 process or several.
 
@@ -45,7 +45,7 @@ from .devices import (  # noqa: F401
     _EMPTY_CACHE,
 )
 from .processes import (  # noqa: F401
-    accelerate_state, any_process, find_unused_parameters, main_process_first, process_group_size_and_rank,
+    accelerate_state, any_process, every_process, find_unused_parameters, main_process_first, process_group_size_and_rank,
     process_state,
     require_configured_state, shard_batch_sampler, _process_group_options,
 )

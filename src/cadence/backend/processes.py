@@ -8,6 +8,7 @@ import contextlib
 import gc
 import os
 import sys
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -70,15 +71,19 @@ _ATTEMPT_SCHEME = "cadence-torchrun-attempt"
 
 
 def _restarted_on_torchruns_shared_store() -> bool:
-    """A worker torchrun restarted (``TORCHELASTIC_RESTART_COUNT > 0``) on one node, whose process group would be
-    set up through the agent's TCPStore. torchrun keeps that one store for every attempt of the job (torch 2.13
-    here), and gloo's and NCCL's setup keys carry no attempt: a restarted rank that reads its peer's key before the
-    peer wrote it again gets the address of the killed attempt's process, and the connect fails ("Connection
-    refused", "Connect timeout"; torch issue 135712). The attempt count is the same for every worker of one agent,
-    so on one node it names the attempt for all of them; across nodes each agent counts its own restarts."""
+    """A worker whose process group would be set up through torchrun's shared TCPStore, where a killed attempt's keys
+    may be: a restarted one on one node (``TORCHELASTIC_RESTART_COUNT > 0``), or any on several nodes. torchrun keeps
+    that one store for every attempt of the job (torch 2.13 here), and gloo's and NCCL's setup keys carry no attempt:
+    a restarted rank that reads its peer's key before the peer wrote it again gets the address of the killed attempt's
+    process, and the connect fails ("Connection refused", "Connect timeout"; torch issue 135712). The attempt count is
+    the same for every worker of one agent, so on one node it names the attempt for all of them; across nodes each
+    agent counts its own restarts (a healthy node's agent counts none when another node's process died), so the
+    workers agree on a name through the store itself (:func:`_agreed_attempt`), on the first attempt too (a node's
+    count of 0 does not say that no attempt came before)."""
     env = os.environ
-    return (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env.get("GROUP_WORLD_SIZE") == "1"
-            and env.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"))
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return False
+    return env.get("GROUP_WORLD_SIZE", "1") != "1" or env.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
 
 
 def _attempt_rendezvous(url: str, **kwargs: Any):
@@ -87,8 +92,39 @@ def _attempt_rendezvous(url: str, **kwargs: Any):
     from torch.distributed.rendezvous import rendezvous
 
     store, rank, world_size = next(rendezvous("env" + url[len(_ATTEMPT_SCHEME):], **kwargs))
-    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    yield torch.distributed.PrefixStore(f"cadence/torchrun_attempt_{attempt}", store), rank, world_size
+    if os.environ.get("GROUP_WORLD_SIZE", "1") == "1":
+        prefix = f"cadence/torchrun_attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}"
+    else:
+        timeout = kwargs.get("timeout") or timedelta(minutes=30)
+        prefix = f"cadence/torchrun_start_{_agreed_attempt(store, rank, world_size, timeout)}"
+    yield torch.distributed.PrefixStore(prefix, store), rank, world_size
+
+
+def _agreed_attempt(store: Any, rank: int, world_size: int, timeout: timedelta) -> int:
+    """A number naming this attempt of the job, the same on every process, through torchrun's store (whose keys of
+    earlier attempts stay): keys are read only where they cannot be an earlier attempt's. Each rank counts its own
+    starts (``starts/R``, an atomic add: its count is new), and waits for rank 0's answer under that count; rank 0
+    names the attempt by its own count (new too), and answers each rank under the rank's current count until the
+    rank acknowledges that name, so an answer written before the rank started this attempt is written again."""
+    mine = store.add(f"cadence/starts/{rank}", 1)
+    if rank != 0:
+        store.wait([f"cadence/answer/{rank}/{mine}"], timeout)
+        attempt = int(store.get(f"cadence/answer/{rank}/{mine}"))
+        store.set(f"cadence/ack/{rank}/{attempt}", b"1")
+        return attempt
+    waiting, deadline = set(range(1, world_size)), time.monotonic() + timeout.total_seconds()
+    while waiting:
+        for other in sorted(waiting):
+            if store.check([f"cadence/ack/{other}/{mine}"]):
+                waiting.discard(other)
+            else:
+                store.set(f"cadence/answer/{other}/{store.add(f'cadence/starts/{other}', 0)}", str(mine).encode())
+        if waiting and time.monotonic() > deadline:
+            raise RuntimeError(f"process(es) {sorted(waiting)} did not join the process group's set-up within "
+                               f"{timeout.total_seconds():g}s (ddp_timeout)")
+        if waiting:
+            time.sleep(0.01)
+    return mine
 
 
 # what torch.distributed's transports say when a peer is gone or silent (gloo raises plain RuntimeErrors)
@@ -187,3 +223,14 @@ def any_process(flag: bool, device: torch.device) -> bool:
     combined = torch.tensor([1.0 if flag else 0.0], device=device)
     torch.distributed.all_reduce(combined, op=torch.distributed.ReduceOp.MAX)
     return bool(combined.item())
+
+
+def every_process(obj: Any) -> list:
+    """Every process's ``obj`` (picklable), in rank order: a collective over the whole process group (every process
+    must call it), ``[obj]`` without one. How the processes of a job on several machines see one another's disk and
+    environment before they take a decision that steers collectives (which checkpoint to resume, is this a restart)."""
+    if process_group_size_and_rank() is None:
+        return [obj]
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, obj)
+    return gathered

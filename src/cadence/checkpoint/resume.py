@@ -28,12 +28,14 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import data
+from ..backend.processes import every_process, process_group_size_and_rank
 from ..loop_state import BatchLayout
 from ..trainer_utils import has_length, sorted_checkpoints
 from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
@@ -44,9 +46,11 @@ from .writer import remove_incomplete
 
 logger = logging.getLogger(__name__)
 
-def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike) -> Path:
+def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike,
+                       among: set[str] | None = None) -> Path:
     """``True`` -> the newest complete ``checkpoint-N`` of ``output_dir`` whose files are intact; a path ->
-    that folder, checked.
+    that folder, checked. ``among``: with ``True``, only the checkpoints of these names are candidates (those every
+    process of the job holds, :func:`agreed_checkpoint`).
 
     A damaged newest checkpoint (a truncated or changed file, see :func:`verify_checkpoint`) is
     skipped with a warning naming the file, and the next older one is tried.
@@ -57,6 +61,18 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
     """
     if resume_from_checkpoint is True:
         found = sorted_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+        if among is not None and found:  # only what every process of the job holds on its own disk
+            held = [folder for folder in found if folder.name in among]
+            if not held:
+                raise ValueError(
+                    f"resume_from_checkpoint=True, but no checkpoint of output_dir={str(output_dir)!r} is on the disk "
+                    f"of every process of the job (the main process holds {', '.join(f.name for f in found)}): each "
+                    "process reads the checkpoint from its own disk; put output_dir on a filesystem every node shares, "
+                    "or set save_on_each_node=True so that each node writes its own copy")
+            if held[-1] != found[-1]:
+                logger.warning("%s is not on the disk of every process of the job: resuming from %s, the newest "
+                               "checkpoint they all hold", found[-1].name, held[-1].name)
+            found = held
         if not found:
             raise ValueError(  # it starts with transformers' wording, which scripts and tests match on
                 f"No valid checkpoint found in output directory ({output_dir}): "
@@ -376,10 +392,55 @@ def restore_callback_states(handler: Any, control: Any, states: dict) -> tuple[A
 
 def find_resume_folder(resume_from_checkpoint: str | os.PathLike | bool, args: Any, barrier: Callable[[], None]) -> Path:
     """The checkpoint ``train(resume_from_checkpoint=...)`` continues from (:func:`resolve_checkpoint`), after
-    the main process removed what killed saves left in ``output_dir`` (never chosen); every process calls it."""
+    the main process removed what killed saves left in ``output_dir`` (never chosen); every process calls it, and
+    every process gets the main process's choice among the checkpoints they all hold (:func:`agreed_checkpoint`)."""
     if args.should_save and os.path.isdir(args.output_dir):
         remove_incomplete(args.output_dir)
     barrier()  # so every process sees the same checkpoints
-    return resolve_checkpoint(resume_from_checkpoint, args.output_dir)
+    named = None if resume_from_checkpoint is True else resume_from_checkpoint
+    return agreed_checkpoint(lambda among: resolve_checkpoint(resume_from_checkpoint, args.output_dir, among),
+                             args.output_dir, named)
 
 
+def agreed_checkpoint(choose: Callable[[set[str] | None], Path | None], output_dir: str | os.PathLike,
+                      named: str | os.PathLike | None = None) -> Path | None:
+    """One checkpoint for the whole job, whatever each machine's disk holds: every process lists the complete
+    checkpoints of ``output_dir`` on its own disk (and whether it holds ``named``, a folder the user passed), the
+    main process calls ``choose(names every process holds)`` (``None`` on one process), and every process gets its
+    answer, or raises its error. A choice taken on each process from its own disk could differ between machines
+    (a checkpoint written on one node's disk only), and the processes would then load different states or wait in
+    different collectives; a ``named`` folder missing on some process is an error on every process, naming them.
+    A collective when a process group is started: every process calls it.
+
+    Returns:
+        ``choose``'s folder (the same on every process).
+    """
+    held = sorted_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+    mine = {"host": socket.gethostname(), "names": [folder.name for folder in held]}
+    if named is not None:
+        mine["named"] = (Path(named) / TRAINER_STATE_NAME).is_file()
+    every = every_process(mine)
+    if len(every) == 1:
+        return choose(None)
+    answer = None
+    if process_group_size_and_rank()[1] == 0:
+        try:
+            lacking = [f"process {rank} on {theirs['host']}" for rank, theirs in enumerate(every)
+                       if not theirs.get("named", True)]
+            if lacking and mine.get("named"):
+                raise ValueError(
+                    f"resume_from_checkpoint={str(named)!r} is not a complete checkpoint on the disk of "
+                    f"{', '.join(lacking)} (the main process holds it): each process reads the checkpoint from its own "
+                    "disk; pass a folder every node sees (a shared filesystem), or copy it to each node")
+            answer = choose(set.intersection(*(set(theirs["names"]) for theirs in every)))
+            if answer is not None and Path(answer).parent.resolve() == Path(output_dir).resolve():
+                answer = (type(answer), Path(answer).name)  # each process's own output_dir/name (its own disk)
+        except Exception as error:  # noqa: BLE001 - every process raises it, not the main one alone
+            answer = error
+    answer = every_process(answer)[0]
+    if isinstance(answer, BaseException):
+        raise answer
+    if isinstance(answer, tuple):
+        kind, name = answer
+        return kind(Path(output_dir) / name)
+    return answer

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .. import output_guard, peft_support
+from ..backend.processes import every_process
 from ..trainer_callback import ExportableState, TrainerState
 from ..trainer_utils import compare_trainer_and_checkpoint_args
 from .background import BackgroundWriter
@@ -239,8 +240,10 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
             objects["scaler"].load_state_dict(scaler_state)
     state = objects["trainer_state"]
     saved = read_trainer_state(folder)
-    if saved.best_model_checkpoint is not None and not os.path.isdir(saved.best_model_checkpoint):
-        logger.warning("the best checkpoint %s recorded in %s no longer exists: forgotten", saved.best_model_checkpoint, folder)
+    # kept only where every process holds it: each loads the best model from its own disk at the end
+    if saved.best_model_checkpoint is not None and not all(every_process(os.path.isdir(saved.best_model_checkpoint))):
+        logger.warning("the best checkpoint %s recorded in %s no longer exists (on the disk of every process): "
+                       "forgotten", saved.best_model_checkpoint, folder)
         saved.best_model_checkpoint = None
     saved_batch_size = saved.train_batch_size
     compare_trainer_and_checkpoint_args(args, saved)  # this run's intervals and batch go on: said as transformers does
