@@ -196,6 +196,85 @@ class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file holds more than tensors and plain data; it was not unpickled."""
 
 
+# The rule for every file read from a checkpoint or a model folder, written once here and used by every reader
+# (verify_checkpoint, the DeepSpeed and DCP checks, safe_load, the weights, the JSON state files):
+# - only a regular file is opened: a FIFO blocks the open forever, /dev/zero never ends, a socket or device is no file;
+# - in a checkpoint folder (``checkpoint-N``, ``tmp-checkpoint-N``, and DeepSpeed's tag folders in any folder) a file
+#   or sub-folder reached through a symlink must resolve inside the folder's resolved path: a link planted there cannot
+#   make cadence read (or hash, or print the size of) a file elsewhere. The folder itself may be a symlink (an
+#   output_dir on a mount) since the comparison is against its resolved path. Any other folder (a model folder given
+#   by the user, as the Hugging Face cache lays it out: files linked into ../../blobs) is followed, as transformers does.
+CHECKPOINT_FOLDER_RE = re.compile(r"(tmp-)?checkpoint-\d+")
+
+
+def confined(folder: str | os.PathLike) -> bool:
+    """Whether the files of ``folder`` must stay inside it: it is a ``checkpoint-N`` folder (see above)."""
+    return bool(CHECKPOINT_FOLDER_RE.fullmatch(Path(folder).name))
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def checked_path(folder: str | os.PathLike, path: str | os.PathLike, confine: bool | None = None,
+                 directory: bool = False) -> Path:
+    """``path`` (inside ``folder``) once it may be opened: a regular file (``directory``: a folder) and, when
+    ``confine`` (default: :func:`confined` of ``folder``), resolving inside ``folder``'s resolved path.
+
+    Raises:
+        FileNotFoundError: ``path`` (or a link's target) does not exist.
+        CorruptCheckpointError: ``path`` is a FIFO, device, socket (never opened: that could hang or never end).
+        UnsafeCheckpointError: ``path`` leads outside ``folder`` through a symlink (the link is named; nothing of
+            its target is read, not even its size).
+    """
+    import stat
+
+    folder, path = Path(folder), Path(path)
+    try:
+        name = path.relative_to(folder).as_posix()
+    except ValueError:
+        name = path.name
+    if confine if confine is not None else confined(folder):
+        root = os.path.realpath(folder)
+        real = os.path.realpath(path)
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise UnsafeCheckpointError(
+                f"refusing to read checkpoint {folder}: {name} leads outside the checkpoint folder through a symbolic "
+                "link, and a checkpoint is read only through files inside its folder; nothing of it was read. Replace "
+                "the link with the file itself, or resume from another checkpoint")
+    mode = os.stat(path).st_mode  # follows links; a dangling one raises FileNotFoundError
+    if directory and not stat.S_ISDIR(mode) or not directory and not stat.S_ISREG(mode):
+        raise _corrupt(folder, name, f"is {_file_kind(mode)}, not a {'folder' if directory else 'regular file'}: "
+                                     "it was not opened (reading it could hang or never end)")
+    return path
+
+
+def checked_files(folder: str | os.PathLike, under: str | os.PathLike | None = None,
+                  confine: bool | None = None) -> list[Path]:
+    """Every file under ``under`` (default ``folder``), each through :func:`checked_path`, sorted. Sub-folders
+    reached through symlinks are walked too (each real folder once), so nothing DeepSpeed or torch could open
+    there escapes the check; one leading outside a confined ``folder`` is refused."""
+    folder = Path(folder)
+    start = checked_path(folder, Path(under) if under is not None else folder, confine, directory=True)
+    found, seen = [], set()
+    for top, dirs, files in os.walk(start, followlinks=True):
+        real = os.path.realpath(top)
+        checked_path(folder, top, confine, directory=True)
+        if real in seen:  # a link loop, or two links to one folder: walked once
+            dirs[:] = []
+            continue
+        seen.add(real)
+        for name in files:
+            found.append(checked_path(folder, Path(top) / name, confine))
+    return sorted(found)
+
+
 def _numpy_array_globals() -> list:
     """What a pickled numpy array needs (transformers' rng_state.pth holds one): array data, no code."""
     core = np._core if hasattr(np, "_core") else np.core
@@ -213,6 +292,7 @@ def safe_load(path: str | os.PathLike, allow_numpy_arrays: bool = False) -> Any:
         The loaded tensors and plain data.
     """
     allowed = _numpy_array_globals() if allow_numpy_arrays else []
+    checked_path(Path(path).parent, path, confine=False)  # a regular file: a FIFO or /dev/zero would hang the load
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location="cpu", weights_only=True)
