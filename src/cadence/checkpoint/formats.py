@@ -248,7 +248,12 @@ def checked_path(folder: str | os.PathLike, path: str | os.PathLike, confine: bo
                 f"refusing to read checkpoint {folder}: {name} leads outside the checkpoint folder through a symbolic "
                 "link, and a checkpoint is read only through files inside its folder; nothing of it was read. Replace "
                 "the link with the file itself, or resume from another checkpoint")
-    mode = os.stat(path).st_mode  # follows links; a dangling one raises FileNotFoundError
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            raise
+        raise _corrupt(folder, name, "is a symbolic link to nothing") from None
     if directory and not stat.S_ISDIR(mode) or not directory and not stat.S_ISREG(mode):
         raise _corrupt(folder, name, f"is {_file_kind(mode)}, not a {'folder' if directory else 'regular file'}: "
                                      "it was not opened (reading it could hang or never end)")

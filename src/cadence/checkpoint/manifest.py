@@ -12,8 +12,8 @@ from typing import Any
 from ..trainer_callback import TrainerState
 from .sharded import DCP_METADATA_NAME, check_dcp_folder
 from .formats import (LOOP_STATE_NAME, TRAINER_STATE_NAME, WEIGHTS_FILE_RE, CorruptCheckpointError,
-                      UnsafeCheckpointError, _corrupt, _index_shards, safe_load, save_json, unsafe_globals,
-                      weights_files)
+                      UnsafeCheckpointError, _corrupt, _index_shards, checked_files, checked_path, confined, safe_load,
+                      save_json, unsafe_globals, weights_files)
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,13 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
         UnsafeCheckpointError: a file holds more than plain data (never unpickled).
     """
     folder = Path(folder)
+    if confined(folder):  # a checkpoint-N folder: every file in it regular and inside it, before any is opened
+        checked_files(folder)
     listed = _read_manifest(folder)
     if listed is None:
         for path in sorted(folder.iterdir()):
+            if path.suffix in (".json", ".safetensors", ".pt", ".pth", ".bin"):  # the files read next: open only files
+                checked_path(folder, path)
             _parse_check(folder, path)
     else:
         _check_listed(folder, listed)
@@ -77,7 +81,7 @@ def _read_manifest(folder: Path) -> dict | None:
                            "and cadence writes a manifest into every one: its files cannot be checked for changed bytes")
         return None
     try:
-        listed = json.loads(manifest.read_text())["files"]
+        listed = json.loads(checked_path(folder, manifest).read_text())["files"]
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest ({type(e).__name__}: {e})") from e
     if not isinstance(listed, dict):
@@ -92,7 +96,7 @@ def _read_manifest(folder: Path) -> dict | None:
 
 def _check_listed(folder: Path, listed: dict) -> None:
     """Every file the manifest lists has its size and sha256; weights re-sharded since are parsed instead."""
-    missing = [name for name in listed if not (folder / name).is_file()]
+    missing = [name for name in listed if not os.path.lexists(folder / name)]
     if missing and all(WEIGHTS_FILE_RE.fullmatch(name) for name in missing):
         found = weights_files(folder)
         if found and not any(p.name in listed for p in found):  # a whole other layout, not a part of the listed one
@@ -106,7 +110,7 @@ def _check_listed(folder: Path, listed: dict) -> None:
     if missing:
         raise _corrupt(folder, missing[0], "is missing")
     for name, entry in listed.items():
-        path = folder / name
+        path = checked_path(folder, folder / name)  # a regular file (inside a checkpoint-N): hashing a FIFO hangs
         size = path.stat().st_size
         if size != entry["bytes"] or _sha256(path) != entry["sha256"]:
             if path.suffix in (".pt", ".pth", ".bin") and unsafe_globals(path):
@@ -141,7 +145,8 @@ def _parse_check(folder: Path, path: Path) -> None:
 def _check_dcp_folders(folder: Path) -> None:
     """:func:`check_dcp_folder` on each DCP folder of the checkpoint (FSDP's sharded model and optimizer)."""
     for sub in sorted(folder.iterdir()):
-        if sub.is_dir() and (sub / DCP_METADATA_NAME).is_file():
+        if sub.is_dir() and os.path.lexists(sub / DCP_METADATA_NAME):
+            checked_path(folder, sub, directory=True)
             check_dcp_folder(sub)
 
 
@@ -177,7 +182,7 @@ def read_trainer_state(folder: str | os.PathLike) -> TrainerState:
     Raises:
         CorruptCheckpointError: naming the file, the field and its value.
     """
-    path = Path(folder) / TRAINER_STATE_NAME
+    path = checked_path(folder, Path(folder) / TRAINER_STATE_NAME)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
