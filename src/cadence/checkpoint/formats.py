@@ -298,6 +298,11 @@ def safe_load(path: str | os.PathLike, allow_numpy_arrays: bool = False) -> Any:
     """
     allowed = _numpy_array_globals() if allow_numpy_arrays else []
     checked_path(Path(path).parent, path, confine=False)  # a regular file: a FIFO or /dev/zero would hang the load
+    if _is_torchscript(path):  # torch.load hands such an archive to torch.jit.load, even with weights_only
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it is a TorchScript archive (a saved program), not a torch.save file of tensors "
+            "and plain data, and nothing in it was loaded; replace the file with one written by cadence or "
+            "transformers, or resume from another checkpoint")
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -308,6 +313,17 @@ def safe_load(path: str | os.PathLike, allow_numpy_arrays: bool = False) -> Any:
             "files only with torch.load(weights_only=True); replace the file with one written by cadence or "
             "transformers, or resume from another checkpoint"
         ) from e
+
+
+def _is_torchscript(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a TorchScript archive (``torch.jit.save``: a zip holding ``constants.pkl``/``code/``)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(n.endswith("/constants.pkl") or "/code/" in n for n in archive.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
 
 
 def unsafe_globals(path: str | os.PathLike) -> list[str]:
@@ -327,24 +343,47 @@ def load_training_args(folder: str | os.PathLike) -> dict | None:
     cadence stores a plain dict in ``training_args.bin`` (and ``training_args.json``); transformers pickles its
     ``TrainingArguments`` object there, and libraries their subclass of it (TRL's configs,
     ``SentenceTransformerTrainingArguments``). Such a file is never unpickled (that could run code) and never
-    blocks a resume, which does not need it: it is skipped, with one log line naming what it pickles.
+    blocks a resume, which does not need it: it is skipped, with one log line naming what it pickles. A damaged
+    file (truncated, empty, a TorchScript archive, not a regular file) is skipped too, with one warning naming it
+    and why; then ``training_args.json`` is read, if it is there and sound.
     """
     folder = Path(folder)
     path = folder / TRAINING_ARGS_NAME
-    if path.exists():
+    if os.path.lexists(path):
         try:
             loaded = safe_load(path)
-            return dict(loaded) if isinstance(loaded, dict) else None
-        except UnsafeCheckpointError:
+            if isinstance(loaded, dict):
+                return dict(loaded)
+            logger.warning("%s holds a %s, not the arguments' fields: skipped, as a resume does not need it", path,
+                           type(loaded).__name__)
+        except UnsafeCheckpointError as e:
             names = unsafe_globals(path)
+            # the package is the name's first dotted part: "transformers_evil.Args" is not transformers'
             if names and all(n.split(".")[0] in _HF_ARGS_PACKAGES for n in names):
                 logger.info("%s holds transformers' TrainingArguments object: not unpickled (not needed to resume)", path)
+            elif not names:  # a TorchScript archive, a link out of the checkpoint: the error says what
+                logger.warning("%s; skipped, as a resume does not need it", e)
             else:  # a library's arguments class, or anything else: read by name only, never run
                 logger.warning("%s pickles %s, not only transformers' TrainingArguments: not unpickled (unpickling "
                                "could run code) and skipped, as a resume does not need it", path,
                                ", ".join(names) or "objects")
+        except Exception as e:  # noqa: BLE001 - truncated, empty, a TorchScript archive, a FIFO: never blocks a resume
+            logger.warning("%s cannot be read (%s: %s): skipped, as a resume does not need it", path,
+                           type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])
     json_path = folder / TRAINING_ARGS_JSON
-    return json.loads(json_path.read_text()) if json_path.exists() else None
+    if not os.path.lexists(json_path):
+        return None
+    try:
+        loaded = json.loads(checked_path(folder, json_path).read_text(encoding="utf-8"))
+    except Exception as e:  # noqa: BLE001 - as training_args.bin: the arguments never block a resume
+        logger.warning("%s cannot be read (%s: %s): skipped, as a resume does not need it", json_path,
+                       type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])
+        return None
+    if not isinstance(loaded, dict):
+        logger.warning("%s holds a %s, not the arguments' fields: skipped, as a resume does not need it", json_path,
+                       type(loaded).__name__)
+        return None
+    return loaded
 
 
 def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
