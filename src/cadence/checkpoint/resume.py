@@ -298,10 +298,16 @@ def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any
     missing = [name for name in (OPTIMIZER_NAME, SCHEDULER_NAME) if not (folder / name).exists()]
     if OPTIMIZER_NAME in missing and ((folder / OPTIMIZER_SHARDS_NAME).is_dir() or (folder / "latest").exists()):
         missing.remove(OPTIMIZER_NAME)  # FSDP's sharded optimizer state, or DeepSpeed's checkpoint
-    if missing:
+    if len(missing) == 2:
         raise ValueError(
             f"checkpoint {folder} has no {' / '.join(missing)} (written with save_only_model=True?): it holds weights "
             "only and cannot resume training; load its weights into the model and start a new run instead"
+        )
+    if missing:  # the other one is there: not a weights-only save, but a file deleted since
+        present = SCHEDULER_NAME if missing[0] == OPTIMIZER_NAME else "the optimizer's state"
+        raise CorruptCheckpointError(
+            f"checkpoint {folder} is damaged: {missing[0]} is missing, though {present} is there (so it was not "
+            "written with save_only_model=True: the file was deleted or moved since); resume from another checkpoint"
         )
     needed = _optimizer_structure(optimizer)  # before the load replaces it with the checkpoint's
     if load_optimizer is not None:
