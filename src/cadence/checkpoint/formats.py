@@ -450,6 +450,7 @@ def read_model_weights(folder: str | os.PathLike, device: torch.device) -> dict[
         )
     state = {}
     for path in files:
+        checked_path(folder, path)  # a shard an index names may be a FIFO or a link out of a checkpoint-N folder
         if path.suffix == ".safetensors":
             state.update(load_file(str(path), device=str(device)))
         else:  # a pickle: loaded with weights_only, so it cannot run code
