@@ -87,12 +87,6 @@ def tag_folders(folder: str | os.PathLike) -> list[Path]:
     return tags
 
 
-def tag_folder(folder: str | os.PathLike) -> Path | None:
-    """The folder ``latest`` names inside the checkpoint ``folder`` (see :func:`tag_folders`); None without it."""
-    folder = Path(folder)
-    return tag_folders(folder)[0] if (folder / LATEST_NAME).is_file() else None
-
-
 def has_tag_file(folder: str | os.PathLike) -> bool:
     """Whether ``folder`` holds a file DeepSpeed reads a tag from (it is DeepSpeed's checkpoint)."""
     return any(os.path.lexists(Path(folder) / name) for name in TAG_FILE_NAMES)

@@ -87,7 +87,7 @@ def _read_manifest(folder: Path) -> dict | None:
         return None
     try:
         listed = json.loads(checked_path(folder, manifest).read_text())["files"]
-    except (ValueError, KeyError, TypeError, IndexError) as e:
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
         raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest ({type(e).__name__}: {e})") from e
     if not isinstance(listed, dict):
         raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest (its 'files' is a {type(listed).__name__}, not an object)")

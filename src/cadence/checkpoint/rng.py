@@ -56,8 +56,6 @@ def checkpoint_world_size(folder: str | os.PathLike) -> int | None:
     return len(ranks) or None
 
 
-
-
 def _rng_problem(state: Any) -> str | None:
     """What is wrong with an RNG state for :func:`restore_rng_state` (``"python"``, ``"numpy"``, ``"cpu"``, a GPU's,
     ``"look_ahead"``), as ``field=value, which is not ...``; None when it restores."""
