@@ -84,7 +84,7 @@ def main():
         marker = os.path.join(root, name, "ran.txt")
         plant_into(folder, marker)
         for load in ("load_optimizer_state", "load_model_weights"):
-            backend.engine = engine(1, universal=True)
+            backend.engine = universal  # refused before the engine reads anything, so one engine serves every case
             args = (backend.engine.module, backend.engine.optimizer) if load == "load_optimizer_state" else (backend.engine.module,)
             error = None
             try:
@@ -95,6 +95,7 @@ def main():
             if os.path.exists(marker):
                 os.unlink(marker)
 
+    universal = engine(1, universal=True)
     genuine_tag = lambda folder: os.path.join(folder, "global_step3")  # noqa: E731
 
     def universal_payload(folder, marker):  # latest_universal -> a tag whose model states carry a payload
