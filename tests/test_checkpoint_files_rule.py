@@ -102,6 +102,22 @@ def test_an_output_dir_that_is_a_link_and_a_checkpoint_reached_through_one_resum
     assert trainer.state.global_step == 6
 
 
+def test_the_best_model_is_loaded_at_the_end_through_an_output_dir_link(tmp_path):
+    """best_model_checkpoint is a path under the link (as transformers records it): its files are compared with the
+    checkpoint folder's resolved path, so the best model loads."""
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    os.symlink(mount, tmp_path / "out")
+    trainer, _ = train(str(tmp_path / "out"), num_train_epochs=1, save_steps=2, eval_strategy="steps", eval_steps=2,
+                       load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=True)
+    best = trainer.state.best_model_checkpoint
+    assert best.startswith(str(tmp_path / "out")) and best != str(tmp_path / "out" / "checkpoint-6"), best
+    from safetensors.torch import load_file
+
+    weights = load_file(os.path.join(best, "model.safetensors"))
+    assert all(torch.equal(weights[k], v) for k, v in trainer.model.state_dict().items() if k in weights)
+
+
 def test_a_model_folder_laid_out_as_the_hub_cache_loads_and_the_same_links_in_a_checkpoint_do_not(tmp_path):
     """models--x/snapshots/<rev>/model.safetensors -> ../../blobs/<sha>: followed in a model folder (as transformers
     follows it), refused inside a checkpoint-N folder, where it leads outside."""
