@@ -5,6 +5,7 @@ its own) passes and resumes exactly; a payload planted in any of its files, whic
 refused naming the file and the global, and never runs. The GPU run through the Trainer: scripts/gpu_check.py."""
 
 import collections
+import re
 import json
 import shutil
 import types
@@ -138,3 +139,52 @@ def test_the_backend_checks_before_deepspeed_reads_a_file(tmp_path):
         with pytest.raises(UnsafeCheckpointError, match="zero_pp_rank_0_mp_rank_00_optim_states.pt names builtins.exec"):
             load()
     assert len(calls) == 2 and not (tmp_path / "ran.txt").exists()
+
+
+@pytest.mark.slow
+def test_universal_tags_and_links_out_of_a_real_checkpoint_are_refused_before_deepspeed_reads_them(tmp_path):
+    """A real ZeRO-2 checkpoint written on the CPU, resumed through Backend with a real engine configured with
+    "checkpoint": {"load_universal": true}, which reads latest_universal's tag (and its zero/ folder) instead of
+    latest's: a payload there, a tag naming ../elsewhere, a tag folder or zero/ linked outside are each refused by
+    both loads, and the payload never runs (before the fix each ran, through the same two calls)."""
+    proc = dist_exit.launch("deepspeed_universal_worker.py", tmp_path, nproc=1, env={"DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert rows[0] == {"case": "genuine", "resumed_equal": True}  # the check passes what DeepSpeed wrote
+    expected = {
+        "universal_payload": "UnsafeCheckpointError: .* checkpoint-3/universal/mp_rank_00_model_states.pt names builtins.exec",
+        "universal_dotdot": "CorruptCheckpointError: .* latest_universal names '../elsewhere', not a folder of this checkpoint",
+        "tag_link_out": "UnsafeCheckpointError: .*: universal leads outside the checkpoint folder through a symbolic link",
+        "zero_link_out": "UnsafeCheckpointError: .*: universal/zero leads outside the checkpoint folder through a symbolic link",
+    }
+    assert sorted((row["case"], row["load"]) for row in rows[1:]) == sorted(
+        (case, load) for case in expected for load in ("load_optimizer_state", "load_model_weights"))
+    for row in rows[1:]:
+        assert not row["ran"], row  # the payload's marker file was never written
+        assert re.match(expected[row["case"]], row["error"] or ""), row
+
+
+def test_links_and_special_files_under_a_tag_are_refused_naming_the_link(tmp_path):
+    """The same rule without an engine: a file under the tag linked outside (its size never said), a FIFO as a
+    tag file or under the tag (never opened: it would hang), latest_universal checked even when latest is sound."""
+    import os
+
+    folder = tmp_path / "checkpoint-3"
+    tag = hand_built(folder)
+    outside = tmp_path / "secret.pt"
+    torch.save({"x": torch.zeros(123)}, outside)
+    os.symlink(outside, tag / "extra.pt")
+    with pytest.raises(UnsafeCheckpointError, match="global_step3/extra.pt leads outside") as caught:
+        check_deepspeed_folder(folder)
+    assert str(outside.stat().st_size) not in str(caught.value) and "secret" not in str(caught.value)
+    (tag / "extra.pt").unlink()
+    os.mkfifo(tag / "pipe.pt")
+    with pytest.raises(CorruptCheckpointError, match="global_step3/pipe.pt is a FIFO"):
+        check_deepspeed_folder(folder)
+    (tag / "pipe.pt").unlink()
+    os.mkfifo(folder / "latest_universal")
+    with pytest.raises(CorruptCheckpointError, match="latest_universal is a FIFO"):
+        check_deepspeed_folder(folder)
+    (folder / "latest_universal").unlink()
+    (folder / "latest_universal").write_text("global_step3")
+    assert len(check_deepspeed_folder(folder)) == 2  # one tag named twice: its files checked once

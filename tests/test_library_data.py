@@ -54,6 +54,7 @@ def test_a_dataset_drawing_from_random_is_not_read_before_the_first_batch(tmp_pa
 
 
 # --- a subclass's own sampler on 2 processes (TRL's RepeatSampler: GRPO, RLOO) ------------------------------------
+import re  # noqa: E402
 import shutil  # noqa: E402
 
 import dist_exit  # noqa: E402
@@ -62,6 +63,9 @@ import dist_exit  # noqa: E402
 def sampler_run(out, cadence_base, resume=False):
     proc = dist_exit.launch("sampler_worker.py", out, *(["--cadence"] if cadence_base else []),
                             *(["--resume"] if resume else []), nproc=2)
+    if cadence_base:  # asserted before the run's end: ranks dealt unequal batches stall at a collective (ddp_timeout)
+        batches = [line.split()[-1] for line in proc.said if line.startswith("BATCHES rank")]
+        assert len(batches) == 2 and batches[0] == batches[1], proc.said  # the uneven last batch completed
     (dist_exit.assert_finished if cadence_base else dist_exit.assert_ranks_finished)(proc, 2)
     return [torch.load(os.path.join(out, f"rank{r}{'_resumed' if resume else ''}.pt")) for r in range(2)]
 
@@ -80,6 +84,11 @@ def test_a_subclasss_sampler_is_sharded_per_rank_as_accelerate_does(tmp_path):
         for name, w in theirs[rank]["weights"].items():  # float64: only summation order may differ
             assert torch.allclose(ours[rank]["weights"][name], w, atol=1e-10, rtol=0), name
     assert ours[0]["seen"] != ours[1]["seen"]
+    # checkpoints and save_model() on 2 processes: the main process writes the model files and the shared ones; the
+    # other only makes sure the staging folder its rng_state_1.pth goes into exists
+    assert {"save_model:final", "save_model_weights:tmp-checkpoint-3", "tmp-checkpoint-3/trainer_state.json"} <= set(
+        ours[0]["writes"]), ours[0]["writes"]
+    assert [w for w in ours[1]["writes"] if not re.fullmatch(r"tmp-checkpoint-\d+", w)] == [], ours[1]["writes"]
     # resume inside epoch 1 (step 3 of 5): the subclass's sampler cannot skip, its trained batches are read again
     resumed_dir = tmp_path / "r"
     shutil.copytree(tmp_path / "cd" / "checkpoint-3", resumed_dir / "checkpoint-3")

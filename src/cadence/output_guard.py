@@ -42,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from .checkpoint.formats import LOOP_STATE_NAME  # holds the job identity
+from .checkpoint.formats import LOOP_STATE_NAME, UnsafeCheckpointError, checked_path  # holds the job identity
 from .trainer_utils import CHECKPOINT_DIR_RE, sorted_checkpoints
 
 try:
@@ -156,10 +156,10 @@ def job_checkpoints(output_dir: str | os.PathLike, job: str) -> list[Path]:
         return []
     own = []
     for folder in reversed(sorted_checkpoints(output_dir)):
-        try:
-            loop = json.loads((folder / LOOP_STATE_NAME).read_text())
-        except (OSError, ValueError):  # no loop state (transformers' checkpoint) or unreadable: not this job's
-            continue
+        try:  # a regular file inside the folder only (formats' rule): a planted FIFO would stall the start
+            loop = json.loads(checked_path(folder, folder / LOOP_STATE_NAME).read_text())
+        except (OSError, ValueError, RecursionError, UnsafeCheckpointError):  # none (transformers'), or unreadable:
+            continue  # not this job's
         if isinstance(loop, dict) and loop.get("job") == job:
             own.append(folder)
     return own

@@ -8,7 +8,10 @@ cadence. Nothing inside cadence imports this module; ``cadence run`` and users c
 
 Child processes (``accelerate launch``, ``trl sft``, ``torchrun`` started by a script, spawn workers) get the patch
 through the environment: ``patch_transformers()`` sets ``CADENCE_PATCH_TRANSFORMERS=1``, and ``cadence_patch.pth``
-(installed beside cadence in site-packages) calls ``_startup()`` in every Python process that starts with it set.
+(installed beside cadence in site-packages) calls ``_startup()`` in every Python process that starts with it set
+(not to one of the usual false words: ``0``, ``false``, ``no``, ``off``, empty; so a child started with
+``CADENCE_PATCH_TRANSFORMERS=0`` stays on transformers). When cadence cannot be imported there (an editable install
+whose folder moved), the hook prints one line saying so and the process goes on, on transformers.
 ``_startup()`` imports nothing of transformers: it patches each of transformers' trainer modules the moment that
 module has run, so nothing can subclass transformers' classes first and a process that never trains pays nothing.
 
@@ -45,7 +48,9 @@ MODULES = {
 # a module that holds one of these (or a subclass it defines) was built on transformers' Trainer before the patch
 _BASES = (("transformers.trainer", "Trainer"), ("transformers.training_args", "TrainingArguments"))
 
-ENV = "CADENCE_PATCH_TRANSFORMERS"  # set (not "" or "0"): this process and its children run on cadence
+# set: this process and its children run on cadence; off when unset or one of the usual false words ("0", "false",
+# "no", "off", empty; any case, spaces trimmed), so a child opts out with CADENCE_PATCH_TRANSFORMERS=0
+ENV = "CADENCE_PATCH_TRANSFORMERS"
 PTH = "cadence_patch.pth"  # the start-up hook's file in site-packages (shipped in the wheel, see setup.py)
 
 _applied: dict[str, Any] = {}  # name -> transformers' original object, once patched

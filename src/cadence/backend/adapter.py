@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from ..checkpoint import formats
-from ..checkpoint.deepspeed_files import check_deepspeed_folder
+from ..checkpoint.deepspeed_files import check_deepspeed_folder, has_tag_file
 
 from .deepspeed import _check_deepspeed_usable, deepspeed_config
 from .devices import empty_cache, free_memory
@@ -419,7 +419,7 @@ class Backend:
 
     def load_model_weights(self, model: torch.nn.Module, folder: str | os.PathLike) -> None:
         """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded)."""
-        if self.engine is not None and (Path(folder) / "latest").exists():
+        if self.engine is not None and has_tag_file(folder):  # latest, or latest_universal: DeepSpeed's checkpoint
             check_deepspeed_folder(folder)  # DeepSpeed unpickles its files with weights_only=False: checked first
             self.engine.load_checkpoint(str(folder), load_module_only=True)
         elif self.sharding is None:

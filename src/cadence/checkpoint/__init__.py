@@ -7,8 +7,8 @@ import cycle exists anywhere in cadence):
   reading every other file without running code (``torch.load(weights_only=True)``). ``backend/`` uses this
   layer and nothing above it.
 - ``sharded``: FSDP's sharded state (DCP folders), read through a restricted unpickler.
-- ``deepspeed_files``: DeepSpeed's own files (``latest``, ``global_step*/*.pt``), checked with ``weights_only`` and
-  DeepSpeed's few classes before ``engine.load_checkpoint`` unpickles them.
+- ``deepspeed_files``: DeepSpeed's own files (``latest``, ``latest_universal``, everything under their tags), checked
+  with ``weights_only`` and DeepSpeed's few classes before ``engine.load_checkpoint`` unpickles them.
 - ``rng``: the RNG states of a process, captured and restored.
 - ``manifest``: the checksum manifest written into every checkpoint, and checking a folder before it is read.
 - ``writer``: staging folders, fsync, the atomic rename, removing what killed saves left, rotation.

@@ -9,6 +9,12 @@ tensors and plain data only the few classes DeepSpeed itself pickles (``DEEPSPEE
 the check from reading the tensors' bytes, so it costs the pickles only. A file naming anything else is refused,
 naming the file and the global, and nothing in it runs.
 
+DeepSpeed reads its tag from ``latest``, or, with ``"checkpoint": {"load_universal": true}``, from
+``latest_universal`` (then also the tag's ``zero/optimizer_state.pt`` and ``zero/<param>/*.pt``): every tag file
+present is checked, and so is everything under each tag folder, symlinked sub-folders included. A checkpoint is read
+only through regular files inside its folder (``formats.checked_path``): a tag, a tag folder or a sub-folder that
+leads outside through a symlink is refused, and so is a FIFO or device.
+
 The bottom layer of the checkpoint package: it imports only ``formats``.
 """
 
@@ -23,11 +29,15 @@ from typing import Any
 
 import torch
 
-from .formats import UnsafeCheckpointError, _corrupt, unsafe_globals
+from .formats import UnsafeCheckpointError, _corrupt, checked_files, checked_path, unsafe_globals
 
 logger = logging.getLogger(__name__)
 
 LATEST_NAME = "latest"  # DeepSpeed's file naming the tag folder of the newest save
+# Every file DeepSpeed 0.19's engine.load_checkpoint reads a tag from: "latest", or, with "checkpoint":
+# {"load_universal": true} in the config, "latest_universal" (whose tag folder's zero/<param>/*.pt and
+# zero/optimizer_state.pt the universal loader unpickles too). Each present is checked, whatever the config says.
+TAG_FILE_NAMES = (LATEST_NAME, "latest_universal")
 
 # What DeepSpeed 0.19's saves pickle besides tensors, torch.Size, OrderedDict and plain values (read from
 # engine._save_checkpoint / _save_zero_checkpoint and the ZeRO optimizers' state_dict): the loss scaler object
@@ -52,49 +62,63 @@ def _allowed_globals() -> list[Any]:
     return found
 
 
-def tag_folder(folder: str | os.PathLike) -> Path | None:
-    """The folder ``latest`` names inside the checkpoint ``folder``, as DeepSpeed reads it; None without ``latest``.
+def tag_folders(folder: str | os.PathLike) -> list[Path]:
+    """The folders DeepSpeed may read inside the checkpoint ``folder``: the one each of :data:`TAG_FILE_NAMES`
+    present names, read as DeepSpeed reads it (``open(latest).read().strip()``); [] when none is there.
 
     Raises:
-        CorruptCheckpointError: ``latest`` names something that is not a folder inside ``folder`` (``..``, a path).
+        CorruptCheckpointError: a tag file names something that is not a folder inside ``folder`` (``..``, a path).
+        UnsafeCheckpointError: a tag file, or the folder it names, leads outside ``folder`` through a symlink.
     """
     folder = Path(folder)
-    latest = folder / LATEST_NAME
-    if not latest.is_file():
-        return None
-    tag = latest.read_text(encoding="utf-8", errors="replace").strip()  # DeepSpeed: open(latest).read().strip()
-    # a tag with a separator or "..": DeepSpeed would read files outside the checkpoint
-    if not tag or tag in (".", "..") or "/" in tag or os.sep in tag or (os.altsep and os.altsep in tag):
-        raise _corrupt(folder, LATEST_NAME, f"names {tag[:100]!r}, not a folder of this checkpoint (global_step<N>)")
-    if not (folder / tag).is_dir():
-        raise _corrupt(folder, LATEST_NAME, f"names {tag!r}, and {folder / tag} is not there")
-    return folder / tag
+    tags = []
+    for name in TAG_FILE_NAMES:
+        latest = folder / name
+        if not os.path.lexists(latest):
+            continue
+        checked_path(folder, latest, confine=True)  # a regular file inside: a FIFO would hang DeepSpeed's open too
+        tag = latest.read_text(encoding="utf-8", errors="replace").strip()
+        # a tag with a separator or "..": DeepSpeed would read files outside the checkpoint
+        if not tag or tag in (".", "..") or "/" in tag or "\0" in tag or os.sep in tag or (os.altsep and os.altsep in tag):
+            raise _corrupt(folder, name, f"names {tag[:100]!r}, not a folder of this checkpoint (global_step<N>)")
+        if not os.path.lexists(folder / tag):
+            raise _corrupt(folder, name, f"names {tag!r}, and {folder / tag} is not there")
+        tags.append(checked_path(folder, folder / tag, confine=True, directory=True))
+    return tags
+
+
+def has_tag_file(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a file DeepSpeed reads a tag from (it is DeepSpeed's checkpoint)."""
+    return any(os.path.lexists(Path(folder) / name) for name in TAG_FILE_NAMES)
 
 
 def check_deepspeed_folder(folder: str | os.PathLike) -> list[Path]:
-    """Check every ``.pt`` file DeepSpeed could read from the checkpoint ``folder`` (``latest``'s tag folder,
-    sub-folders included) without running code or reading tensor data.
+    """Check every ``.pt`` file DeepSpeed could read from the checkpoint ``folder`` (the tag folders of ``latest`` and
+    ``latest_universal``, sub-folders included, symlinked ones too) without running code or reading tensor data.
 
     Args:
         folder: a ``checkpoint-N`` folder written under DeepSpeed.
 
     Returns:
-        The files checked, sorted (empty when ``folder`` has no ``latest``: DeepSpeed reads nothing there).
+        The files checked, sorted (empty when ``folder`` has no tag file: DeepSpeed reads nothing there).
 
     Raises:
         UnsafeCheckpointError: a file names a global besides tensors, plain data and ``DEEPSPEED_GLOBALS``
             (the file and the global are named; nothing was run).
-        CorruptCheckpointError: ``latest`` points outside ``folder``, or a file is not a readable torch file.
+        CorruptCheckpointError: a tag file names no folder of ``folder``, or a file is not a readable torch file
+            (or not a regular file: a FIFO, a device).
+        UnsafeCheckpointError: also when a tag file, the tag folder or anything under it leads outside ``folder``
+            through a symlink.
 
     Example:
         >>> check_deepspeed_folder("out/checkpoint-10")
         [PosixPath('out/checkpoint-10/global_step10/mp_rank_00_model_states.pt'), ...]
     """
     folder = Path(folder)
-    tag = tag_folder(folder)
-    if tag is None:
-        return []
-    files = sorted(tag.rglob("*.pt"))
+    # every file under every tag, following symlinked sub-folders (zero/ -> elsewhere is refused): regular files
+    # inside the checkpoint only; DeepSpeed unpickles the .pt ones (the universal loader: any <key>.pt it lists)
+    files = sorted({path for tag in tag_folders(folder) for path in checked_files(folder, tag, confine=True)
+                    if path.name.endswith(".pt")})
     allowed = _allowed_globals()
     for path in files:
         where = path.relative_to(folder.parent)  # checkpoint-10/global_step10/mp_rank_00_model_states.pt
@@ -116,5 +140,5 @@ def check_deepspeed_folder(folder: str | os.PathLike) -> list[Path]:
         except Exception as error:  # noqa: BLE001 - truncated, not a torch file
             raise _corrupt(folder, str(path.relative_to(folder)), f"cannot be read ({type(error).__name__}: "
                                                                   f"{str(error).strip()[:300]})") from error
-    logger.debug("checked %d DeepSpeed files in %s", len(files), tag)
+    logger.debug("checked %d DeepSpeed files in %s", len(files), folder)
     return files

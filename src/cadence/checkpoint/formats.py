@@ -196,6 +196,90 @@ class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file holds more than tensors and plain data; it was not unpickled."""
 
 
+# The rule for every file read from a checkpoint or a model folder, written once here and used by every reader
+# (verify_checkpoint, the DeepSpeed and DCP checks, safe_load, the weights, the JSON state files):
+# - only a regular file is opened: a FIFO blocks the open forever, /dev/zero never ends, a socket or device is no file;
+# - in a checkpoint folder (``checkpoint-N``, ``tmp-checkpoint-N``, and DeepSpeed's tag folders in any folder) a file
+#   or sub-folder reached through a symlink must resolve inside the folder's resolved path: a link planted there cannot
+#   make cadence read (or hash, or print the size of) a file elsewhere. The folder itself may be a symlink (an
+#   output_dir on a mount) since the comparison is against its resolved path. Any other folder (a model folder given
+#   by the user, as the Hugging Face cache lays it out: files linked into ../../blobs) is followed, as transformers does.
+CHECKPOINT_FOLDER_RE = re.compile(r"(tmp-)?checkpoint-\d+")
+
+
+def confined(folder: str | os.PathLike) -> bool:
+    """Whether the files of ``folder`` must stay inside it: it is a ``checkpoint-N`` folder (see above)."""
+    return bool(CHECKPOINT_FOLDER_RE.fullmatch(Path(folder).name))
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def checked_path(folder: str | os.PathLike, path: str | os.PathLike, confine: bool | None = None,
+                 directory: bool = False) -> Path:
+    """``path`` (inside ``folder``) once it may be opened: a regular file (``directory``: a folder) and, when
+    ``confine`` (default: :func:`confined` of ``folder``), resolving inside ``folder``'s resolved path.
+
+    Raises:
+        FileNotFoundError: ``path`` (or a link's target) does not exist.
+        CorruptCheckpointError: ``path`` is a FIFO, device, socket (never opened: that could hang or never end).
+        UnsafeCheckpointError: ``path`` leads outside ``folder`` through a symlink (the link is named; nothing of
+            its target is read, not even its size).
+    """
+    import stat
+
+    folder, path = Path(folder), Path(path)
+    try:
+        name = path.relative_to(folder).as_posix()
+    except ValueError:
+        name = path.name
+    if confine if confine is not None else confined(folder):
+        root = os.path.realpath(folder)
+        real = os.path.realpath(path)
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise UnsafeCheckpointError(
+                f"refusing to read checkpoint {folder}: {name} leads outside the checkpoint folder through a symbolic "
+                "link, and a checkpoint is read only through files inside its folder; nothing of it was read. Replace "
+                "the link with the file itself, or resume from another checkpoint")
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            raise
+        raise _corrupt(folder, name, "is a symbolic link to nothing") from None
+    if directory and not stat.S_ISDIR(mode) or not directory and not stat.S_ISREG(mode):
+        raise _corrupt(folder, name, f"is {_file_kind(mode)}, not a {'folder' if directory else 'regular file'}: "
+                                     "it was not opened (reading it could hang or never end)")
+    return path
+
+
+def checked_files(folder: str | os.PathLike, under: str | os.PathLike | None = None,
+                  confine: bool | None = None) -> list[Path]:
+    """Every file under ``under`` (default ``folder``), each through :func:`checked_path`, sorted. Sub-folders
+    reached through symlinks are walked too (each real folder once), so nothing DeepSpeed or torch could open
+    there escapes the check; one leading outside a confined ``folder`` is refused."""
+    folder = Path(folder)
+    start = checked_path(folder, Path(under) if under is not None else folder, confine, directory=True)
+    found, seen = [], set()
+    for top, dirs, files in os.walk(start, followlinks=True):
+        real = os.path.realpath(top)
+        checked_path(folder, top, confine, directory=True)
+        if real in seen:  # a link loop, or two links to one folder: walked once
+            dirs[:] = []
+            continue
+        seen.add(real)
+        for name in files:
+            found.append(checked_path(folder, Path(top) / name, confine))
+    return sorted(found)
+
+
 def _numpy_array_globals() -> list:
     """What a pickled numpy array needs (transformers' rng_state.pth holds one): array data, no code."""
     core = np._core if hasattr(np, "_core") else np.core
@@ -213,6 +297,12 @@ def safe_load(path: str | os.PathLike, allow_numpy_arrays: bool = False) -> Any:
         The loaded tensors and plain data.
     """
     allowed = _numpy_array_globals() if allow_numpy_arrays else []
+    checked_path(Path(path).parent, path, confine=False)  # a regular file: a FIFO or /dev/zero would hang the load
+    if _is_torchscript(path):  # torch.load hands such an archive to torch.jit.load, even with weights_only
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it is a TorchScript archive (a saved program), not a torch.save file of tensors "
+            "and plain data, and nothing in it was loaded; replace the file with one written by cadence or "
+            "transformers, or resume from another checkpoint")
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -223,6 +313,17 @@ def safe_load(path: str | os.PathLike, allow_numpy_arrays: bool = False) -> Any:
             "files only with torch.load(weights_only=True); replace the file with one written by cadence or "
             "transformers, or resume from another checkpoint"
         ) from e
+
+
+def _is_torchscript(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a TorchScript archive (``torch.jit.save``: a zip holding ``constants.pkl``/``code/``)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(n.endswith("/constants.pkl") or "/code/" in n for n in archive.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
 
 
 def unsafe_globals(path: str | os.PathLike) -> list[str]:
@@ -242,24 +343,47 @@ def load_training_args(folder: str | os.PathLike) -> dict | None:
     cadence stores a plain dict in ``training_args.bin`` (and ``training_args.json``); transformers pickles its
     ``TrainingArguments`` object there, and libraries their subclass of it (TRL's configs,
     ``SentenceTransformerTrainingArguments``). Such a file is never unpickled (that could run code) and never
-    blocks a resume, which does not need it: it is skipped, with one log line naming what it pickles.
+    blocks a resume, which does not need it: it is skipped, with one log line naming what it pickles. A damaged
+    file (truncated, empty, a TorchScript archive, not a regular file) is skipped too, with one warning naming it
+    and why; then ``training_args.json`` is read, if it is there and sound.
     """
     folder = Path(folder)
     path = folder / TRAINING_ARGS_NAME
-    if path.exists():
+    if os.path.lexists(path):
         try:
             loaded = safe_load(path)
-            return dict(loaded) if isinstance(loaded, dict) else None
-        except UnsafeCheckpointError:
+            if isinstance(loaded, dict):
+                return dict(loaded)
+            logger.warning("%s holds a %s, not the arguments' fields: skipped, as a resume does not need it", path,
+                           type(loaded).__name__)
+        except UnsafeCheckpointError as e:
             names = unsafe_globals(path)
+            # the package is the name's first dotted part: "transformers_evil.Args" is not transformers'
             if names and all(n.split(".")[0] in _HF_ARGS_PACKAGES for n in names):
                 logger.info("%s holds transformers' TrainingArguments object: not unpickled (not needed to resume)", path)
+            elif not names:  # a TorchScript archive, a link out of the checkpoint: the error says what
+                logger.warning("%s; skipped, as a resume does not need it", e)
             else:  # a library's arguments class, or anything else: read by name only, never run
                 logger.warning("%s pickles %s, not only transformers' TrainingArguments: not unpickled (unpickling "
                                "could run code) and skipped, as a resume does not need it", path,
                                ", ".join(names) or "objects")
+        except Exception as e:  # noqa: BLE001 - truncated, empty, a TorchScript archive, a FIFO: never blocks a resume
+            logger.warning("%s cannot be read (%s: %s): skipped, as a resume does not need it", path,
+                           type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])
     json_path = folder / TRAINING_ARGS_JSON
-    return json.loads(json_path.read_text()) if json_path.exists() else None
+    if not os.path.lexists(json_path):
+        return None
+    try:
+        loaded = json.loads(checked_path(folder, json_path).read_text(encoding="utf-8"))
+    except Exception as e:  # noqa: BLE001 - as training_args.bin: the arguments never block a resume
+        logger.warning("%s cannot be read (%s: %s): skipped, as a resume does not need it", json_path,
+                       type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])
+        return None
+    if not isinstance(loaded, dict):
+        logger.warning("%s holds a %s, not the arguments' fields: skipped, as a resume does not need it", json_path,
+                       type(loaded).__name__)
+        return None
+    return loaded
 
 
 def load_model_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
@@ -326,6 +450,7 @@ def read_model_weights(folder: str | os.PathLike, device: torch.device) -> dict[
         )
     state = {}
     for path in files:
+        checked_path(folder, path)  # a shard an index names may be a FIFO or a link out of a checkpoint-N folder
         if path.suffix == ".safetensors":
             state.update(load_file(str(path), device=str(device)))
         else:  # a pickle: loaded with weights_only, so it cannot run code

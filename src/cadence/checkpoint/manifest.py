@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from ..trainer_callback import TrainerState
+from .rng import read_rng_state
 from .sharded import DCP_METADATA_NAME, check_dcp_folder
 from .formats import (LOOP_STATE_NAME, TRAINER_STATE_NAME, WEIGHTS_FILE_RE, CorruptCheckpointError,
-                      UnsafeCheckpointError, _corrupt, _index_shards, safe_load, save_json, unsafe_globals,
-                      weights_files)
+                      UnsafeCheckpointError, _corrupt, _index_shards, checked_files, checked_path, confined, safe_load,
+                      save_json, unsafe_globals, weights_files)
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +53,23 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
         UnsafeCheckpointError: a file holds more than plain data (never unpickled).
     """
     folder = Path(folder)
+    if confined(folder):  # a checkpoint-N folder: every file in it regular and inside it, before any is opened
+        checked_files(folder)
     listed = _read_manifest(folder)
     if listed is None:
         for path in sorted(folder.iterdir()):
+            if path.suffix in (".json", ".safetensors", ".pt", ".pth", ".bin"):  # the files read next: open only files
+                checked_path(folder, path)
             _parse_check(folder, path)
     else:
         _check_listed(folder, listed)
     _check_dcp_folders(folder)  # a manifest rewritten with a planted file would match: read them safely too
+    # the state files resume reads, field by field: damage there is found now, so resume=True falls back
     if (folder / TRAINER_STATE_NAME).is_file():
         read_trainer_state(folder)
+    read_loop_state(folder)
+    for path in sorted(folder.glob("rng_state*.pth")):
+        read_rng_state(folder, path.name)
 
 
 def _inner_name(name: Any) -> bool:
@@ -77,8 +86,8 @@ def _read_manifest(folder: Path) -> dict | None:
                            "and cadence writes a manifest into every one: its files cannot be checked for changed bytes")
         return None
     try:
-        listed = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError, IndexError) as e:
+        listed = json.loads(checked_path(folder, manifest).read_text())["files"]
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
         raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest ({type(e).__name__}: {e})") from e
     if not isinstance(listed, dict):
         raise _corrupt(folder, MANIFEST_NAME, f"is not a valid manifest (its 'files' is a {type(listed).__name__}, not an object)")
@@ -92,7 +101,7 @@ def _read_manifest(folder: Path) -> dict | None:
 
 def _check_listed(folder: Path, listed: dict) -> None:
     """Every file the manifest lists has its size and sha256; weights re-sharded since are parsed instead."""
-    missing = [name for name in listed if not (folder / name).is_file()]
+    missing = [name for name in listed if not os.path.lexists(folder / name)]
     if missing and all(WEIGHTS_FILE_RE.fullmatch(name) for name in missing):
         found = weights_files(folder)
         if found and not any(p.name in listed for p in found):  # a whole other layout, not a part of the listed one
@@ -106,7 +115,7 @@ def _check_listed(folder: Path, listed: dict) -> None:
     if missing:
         raise _corrupt(folder, missing[0], "is missing")
     for name, entry in listed.items():
-        path = folder / name
+        path = checked_path(folder, folder / name)  # a regular file (inside a checkpoint-N): hashing a FIFO hangs
         size = path.stat().st_size
         if size != entry["bytes"] or _sha256(path) != entry["sha256"]:
             if path.suffix in (".pt", ".pth", ".bin") and unsafe_globals(path):
@@ -141,7 +150,8 @@ def _parse_check(folder: Path, path: Path) -> None:
 def _check_dcp_folders(folder: Path) -> None:
     """:func:`check_dcp_folder` on each DCP folder of the checkpoint (FSDP's sharded model and optimizer)."""
     for sub in sorted(folder.iterdir()):
-        if sub.is_dir() and (sub / DCP_METADATA_NAME).is_file():
+        if sub.is_dir() and os.path.lexists(sub / DCP_METADATA_NAME):
+            checked_path(folder, sub, directory=True)
             check_dcp_folder(sub)
 
 
@@ -170,6 +180,64 @@ _STATE_TYPES = {
 }
 
 
+# loop_state.json's fields (cadence's own file) and their JSON types; the first ones resume reads without a default
+_LOOP_TYPES = {
+    "epoch": _INT, "batches_in_epoch": _INT, "loss_sum": _NUMBER, "nonfinite": _INT, "total": _NUMBER,
+    "last_logged_step": _INT, "first_step": _INT, "nonfinite_total": _INT, "batches_per_epoch": _INT + _NONE,
+    "train_batch_size": _INT + _NONE, "gradient_accumulation_steps": _INT + _NONE, "world_size": _INT + _NONE,
+    "num_samples": _INT + _NONE, "fingerprint": (str,) + _NONE, "job": (str,) + _NONE,
+}
+_LOOP_REQUIRED = ("epoch", "batches_in_epoch", "loss_sum", "nonfinite", "total", "last_logged_step", "first_step")
+
+
+def _read_json_object(folder: Path, name: str) -> dict:
+    """``folder/name`` parsed as a JSON object; any damage (unreadable, not JSON, nested too deep for the parser,
+    not an object) a ``CorruptCheckpointError`` naming the file."""
+    try:
+        data = json.loads(checked_path(folder, folder / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise _corrupt(folder, name, f"cannot be read ({type(e).__name__}: {str(e)[:200]})") from e
+    if not isinstance(data, dict):
+        raise _corrupt(folder, name, f"holds a {type(data).__name__}, not an object of its fields")
+    return data
+
+
+def _check_fields(folder: Path, name: str, data: dict, types: dict, required: tuple = ()) -> None:
+    """Each known field of ``data`` (read from ``folder/name``) has its JSON type (whole numbers >= 0 where an int
+    is expected); a ``CorruptCheckpointError`` names the file, the field and its value."""
+    for field in required:
+        if field not in data:
+            raise _corrupt(folder, name, f"has no {field}")
+    for field, value in data.items():
+        allowed = types.get(field)
+        wrong = allowed is not None and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed))
+        if field == "log_history" and not wrong:
+            wrong = not all(isinstance(row, dict) for row in value or [])
+        elif not wrong and allowed in (_INT, _INT + _NONE) and value is not None:
+            wrong = value < 0
+        if wrong:
+            kinds = {int: "a whole number >= 0", list: "a list of objects", bool: "true or false", str: "a string",
+                     dict: "an object", type(None): "null"}
+            expected = "a number" if float in allowed else kinds[allowed[0]]
+            expected += " or null" if type(None) in allowed and allowed[0] is not type(None) else ""
+            raise _corrupt(folder, name, f"has {field}={value!r:.80}, which is not {expected}")
+
+
+def read_loop_state(folder: str | os.PathLike) -> dict | None:
+    """``loop_state.json`` of ``folder`` (cadence's data position and loss sums), each field checked for its type;
+    None when there is none (a transformers checkpoint).
+
+    Raises:
+        CorruptCheckpointError: naming the file, the field and its value.
+    """
+    folder = Path(folder)
+    if not os.path.lexists(folder / LOOP_STATE_NAME):
+        return None
+    data = _read_json_object(folder, LOOP_STATE_NAME)
+    _check_fields(folder, LOOP_STATE_NAME, data, _LOOP_TYPES, _LOOP_REQUIRED)
+    return data
+
+
 def read_trainer_state(folder: str | os.PathLike) -> TrainerState:
     """``trainer_state.json`` of ``folder`` as a ``TrainerState``, each known field checked for its type first
     (a string step or a non-list history would otherwise fail only once training has run).
@@ -177,25 +245,11 @@ def read_trainer_state(folder: str | os.PathLike) -> TrainerState:
     Raises:
         CorruptCheckpointError: naming the file, the field and its value.
     """
-    path = Path(folder) / TRAINER_STATE_NAME
+    folder = Path(folder)
+    data = _read_json_object(folder, TRAINER_STATE_NAME)
+    _check_fields(folder, TRAINER_STATE_NAME, data, _STATE_TYPES)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"cannot be read ({type(e).__name__}: {e})") from e
-    if not isinstance(data, dict):
-        raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"holds a {type(data).__name__}, not an object of TrainerState's fields")
-    for name, value in data.items():
-        types = _STATE_TYPES.get(name)
-        wrong = types is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types))
-        if name == "log_history" and not wrong:
-            wrong = not all(isinstance(row, dict) for row in value or [])
-        elif not wrong and types in (_INT, _INT + _NONE) and value is not None:
-            wrong = value < 0
-        if wrong:
-            kinds = {int: "a whole number >= 0", list: "a list of objects", bool: "true or false", str: "a string",
-                     dict: "an object", type(None): "null"}
-            expected = "a number" if float in types else kinds[types[0]]
-            expected += " or null" if type(None) in types and types[0] is not type(None) else ""
-            raise _corrupt(Path(folder), TRAINER_STATE_NAME, f"has {name}={value!r:.80}, which is not {expected}")
-    return TrainerState.load_from_json(str(path))
+        return TrainerState.load_from_json(str(folder / TRAINER_STATE_NAME))
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as e:  # a field the types above allow
+        raise _corrupt(folder, TRAINER_STATE_NAME, f"cannot be read as TrainerState ({type(e).__name__}: {str(e)[:200]})") from e
 

@@ -25,7 +25,6 @@ Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import socket
@@ -38,10 +37,10 @@ from .. import data
 from ..backend.processes import every_process, process_group_size_and_rank
 from ..loop_state import BatchLayout
 from ..trainer_utils import has_length, sorted_checkpoints
-from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
+from .formats import (OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
                       TRAINER_STATE_NAME, CorruptCheckpointError, load_training_args, safe_load)
-from .manifest import verify_checkpoint
-from .rng import checkpoint_world_size, restore_rng_state, rng_state_name
+from .manifest import read_loop_state, verify_checkpoint
+from .rng import checkpoint_world_size, read_rng_state, restore_rng_state, rng_state_name
 from .writer import remove_incomplete
 
 logger = logging.getLogger(__name__)
@@ -227,7 +226,7 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     continues after the samples that run trained (logged as a warning: not bit-identical); one written on another
     dataset continues by steps, as transformers does (warned: the data position is approximate).
     """
-    loop = json.loads((folder / LOOP_STATE_NAME).read_text()) if (folder / LOOP_STATE_NAME).exists() else None
+    loop = read_loop_state(folder)  # each field checked: damage is a CorruptCheckpointError naming it
     saved_args, identity = saved_args or {}, identity or {}
     # the saving run's layout: loop_state.json, else its args and files
     saved = BatchLayout(
@@ -264,7 +263,7 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
     rng_file = folder / rng_state_name(args.process_index, args.world_size)
     same_world = saved.world_size == world  # another count: another process's RNG is not ours
-    rng = safe_load(rng_file, allow_numpy_arrays=True) if rng_file.exists() and same_world else None
+    rng = read_rng_state(folder, rng_file.name) if rng_file.exists() and same_world else None
     if rng is None and not same_world:
         logger.warning("checkpoint %s was written by %d process(es), this run has %d: the RNG states "
                        "(dropout) are not restored", folder, saved.world_size, world)
@@ -315,10 +314,16 @@ def load_optimizer_and_scheduler(folder: Path, optimizer: Any, lr_scheduler: Any
     missing = [name for name in (OPTIMIZER_NAME, SCHEDULER_NAME) if not (folder / name).exists()]
     if OPTIMIZER_NAME in missing and ((folder / OPTIMIZER_SHARDS_NAME).is_dir() or (folder / "latest").exists()):
         missing.remove(OPTIMIZER_NAME)  # FSDP's sharded optimizer state, or DeepSpeed's checkpoint
-    if missing:
+    if len(missing) == 2:
         raise ValueError(
             f"checkpoint {folder} has no {' / '.join(missing)} (written with save_only_model=True?): it holds weights "
             "only and cannot resume training; load its weights into the model and start a new run instead"
+        )
+    if missing:  # the other one is there: not a weights-only save, but a file deleted since
+        present = SCHEDULER_NAME if missing[0] == OPTIMIZER_NAME else "the optimizer's state"
+        raise CorruptCheckpointError(
+            f"checkpoint {folder} is damaged: {missing[0]} is missing, though {present} is there (so it was not "
+            "written with save_only_model=True: the file was deleted or moved since); resume from another checkpoint"
         )
     needed = _optimizer_structure(optimizer)  # before the load replaces it with the checkpoint's
     if load_optimizer is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .formats import CorruptCheckpointError, UnsafeCheckpointError, _corrupt, unsafe_globals
+from .formats import CorruptCheckpointError, UnsafeCheckpointError, _corrupt, checked_path, confined, unsafe_globals
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,12 @@ def _dcp_file(path: Path) -> str:
     return "/".join(path.parts[-3:])
 
 
+def _dcp_checked(path: Path) -> Path:
+    """``path`` of a DCP folder once it may be opened (``formats.checked_path``, judged from its checkpoint folder)."""
+    checkpoint = path.parent.parent
+    return checked_path(checkpoint, path, confine=confined(checkpoint))
+
+
 def read_dcp_metadata(folder: str | os.PathLike) -> Any:
     """The ``Metadata`` of the DCP folder ``folder``, unpickled with only DCP's records allowed, and checked:
     every storage entry points at a ``.distcp`` file inside ``folder``, within its size.
@@ -78,7 +84,7 @@ def read_dcp_metadata(folder: str | os.PathLike) -> Any:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
     folder = Path(folder)
-    path = folder / DCP_METADATA_NAME
+    path = _dcp_checked(folder / DCP_METADATA_NAME)
     try:
         with open(path, "rb") as f:
             meta = _DcpMetadataUnpickler(f).load()
@@ -100,8 +106,9 @@ def read_dcp_metadata(folder: str | os.PathLike) -> Any:
         if not (isinstance(name, str) and re.fullmatch(r"[\w.-]+\.distcp", name)):  # no path: a file of this folder
             raise _corrupt(folder.parent, where, f"points {getattr(index, 'fqn', index)!r} at {name!r}, not a .distcp file of this folder")
         if name not in sizes:
-            if not (folder / name).is_file():
+            if not os.path.lexists(folder / name):
                 raise _corrupt(folder.parent, f"{folder.name}/{name}", "is missing")
+            _dcp_checked(folder / name)
             sizes[name] = (folder / name).stat().st_size
         if not (type(offset) is int and type(length) is int and 0 <= offset and 0 <= length
                 and offset + length <= sizes[name] and all(isinstance(d, str) for d in descriptors)):

@@ -123,8 +123,24 @@ def staging_removed_on_error(final: Path):
         error = _write_error(final, tmp, e) if named else None
         shutil.rmtree(tmp, ignore_errors=True)
         if error is not None:
-            raise error from e
+            raise _left_behind(error, tmp) from e
         raise
+
+
+def _left_behind(error: OSError, tmp: Path) -> OSError:
+    """``error``, saying so when the staging folder ``tmp`` could not be removed (a read-only disk): its message
+    would otherwise claim nothing of the checkpoint was kept while ``tmp-checkpoint-N`` is still there."""
+    if not os.path.lexists(tmp):
+        return error
+    said = str(error.args[-1]) if error.args else str(error)
+    left = (f"its staging folder {tmp} could not be deleted and is still there (incomplete: it is never resumed, "
+            "and the next checkpoint saved or resumed in this output_dir removes it; delete it by hand once the disk "
+            "is writable)")
+    for phrase in ("nothing of this checkpoint was kept", "Nothing of this checkpoint was kept"):
+        said = said.replace(phrase, left[0].upper() + left[1:] if phrase[0] == "N" else left)
+    if left not in said and left[0].upper() + left[1:] not in said:
+        said += f". {left[0].upper() + left[1:]}"
+    return _named(error.errno, said)
 
 
 _SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}  # no room, file too large, quota
