@@ -67,7 +67,7 @@ AUDIT = {
     ("trainer.py", "Trainer.save_metrics", "read_text"): "all_results.json this run's main process writes; JSON only",
     ("integrations/jsonl.py", "drop_rows_after", "open"): "the run's own log file; JSON lines only",
     ("integrations/jsonl.py", "read_log_history", "read_bytes"): "the run's own log file; JSON lines only",
-    ("integrations/kubeflow.py", "KubeflowCallback._bearer", "open"): "the pod's service-account token file",
+    ("integrations/kubeflow.py", "KubeflowCallback._get_token", "open"): "the pod's service-account token file",
     ("integrations/registry.py", "_comet_api_key", "read_text"): "comet's config files, searched for a key name only",
     ("memory_metrics.py", "_proc_status_bytes", "open"): "/proc/self/status",
     ("output_guard.py", "_start_time", "read_text"): "/proc/<pid>/stat",
