@@ -1,7 +1,7 @@
 # The README's commands. Each creates .venv on first use and installs into it what it needs, no more:
 # `make demo` the core (torch, accelerate, safetensors, numpy, tqdm), `make test` the `test` extra too.
 PY      := .venv/bin/python
-# torch==2.13.0 is the tested CPU build (pip takes a CUDA build the same way: see the README); set TORCH= to choose another.
+# torch==2.13.0 is the tested CPU build; TORCH= chooses another, options included (the README's CUDA line).
 TORCH   ?= torch==2.13.0
 # the newest releases of every dependency (but torch), for `make test-latest`
 LATEST  := .venv-latest
@@ -16,7 +16,7 @@ LATEST  := .venv-latest
 	rm -rf .venv
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q $(TORCH)
 	touch $@
 
 .venv/.core: .venv/.torch
@@ -39,7 +39,7 @@ test-latest:
 	rm -rf $(LATEST)
 	python3 -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(LATEST)/bin/python -m pip install -q "$(TORCH)"
+	$(LATEST)/bin/python -m pip install -q $(TORCH)
 	$(LATEST)/bin/python -m pip install -q -e ".[test]"
 	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|accelerate|trl|sentence-transformers|datasets|peft) "
 	$(LATEST)/bin/python -m pytest -q
