@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cadence plot: error: {args.run_dir}: no such folder or file; pass a run's output_dir",
                   file=sys.stderr)
             return 2
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:  # an optional extra: say so before reading the run
+            print("cadence plot: error: cadence plot needs matplotlib: pip install matplotlib (or pip install "
+                  "'cadence[plot]')", file=sys.stderr)
+            return 2
         from .plot import plot_run
 
         try:
