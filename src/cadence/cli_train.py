@@ -62,7 +62,7 @@ class TrainArguments:
         for flag, value in (("--model", self.model), ("--tokenizer", self.tokenizer)):
             if value is not None and _local_path(value) and not Path(value).exists():
                 raise ValueError(
-                    f"--{flag[2:]}={value!r}: no such folder ({Path(value).absolute()}); pass the folder a model was "
+                    f"{flag}={value!r}: no such folder ({Path(value).absolute()}); pass the folder a model was "
                     "saved to (save_pretrained), a model type such as 'gpt2', or a Hub id such as 'openai-community/gpt2'"
                 )
         if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size >= 1):

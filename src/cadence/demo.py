@@ -79,7 +79,7 @@ class TinyGPT(nn.Module):
 
 def demo_logging_steps(max_steps: int) -> int:
     """Every 25 steps, or more often in a short demo: at least 5 logged losses whenever there are 5 steps, so the
-    summary's first and last losses are never the same number."""
+    summary's first and last losses come from different logs (one log made them the same number)."""
     return max(1, min(25, max_steps // 5))
 
 
