@@ -1,23 +1,33 @@
-# The two commands of the README. Each creates .venv on first use and installs into it.
+# The README's commands. Each creates .venv on first use and installs into it what it needs, no more:
+# `make demo` the core (torch, accelerate, safetensors, numpy, tqdm), `make test` the `test` extra too.
 PY      := .venv/bin/python
-# torch==2.13.0 is the CPU build that lies on these machines' disk; set TORCH= to choose another.
+# torch==2.13.0 is the tested CPU build; TORCH= chooses another, options included (the README's CUDA line).
 TORCH   ?= torch==2.13.0
 # the newest releases of every dependency (but torch), for `make test-latest`
 LATEST  := .venv-latest
 
 .PHONY: demo test test-latest test-libraries constraints bench clean
 
-# The tested set: every dependency at the version constraints.txt pins; a change of either file rebuilds the venv,
-# so a release of a dependency never changes what `make test` runs (setup.py: it ships the start-up hook).
-.venv/.installed: pyproject.toml constraints.txt setup.py
+# The tested set: every dependency at the version constraints.txt pins; a change of either file (or of setup.py: it
+# ships the start-up hook) rebuilds the venv from nothing, so a release of a dependency never changes what runs.
+# .venv/.torch: the venv with pip and torch; .venv/.core: cadence and its core dependencies (all the demo imports);
+# .venv/.installed: the `test` extra on top. Each command installs only what it needs, and either may come first.
+.venv/.torch: pyproject.toml constraints.txt setup.py
 	rm -rf .venv
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q $(TORCH)
+	touch $@
+
+.venv/.core: .venv/.torch
+	$(PY) -m pip install -q -c constraints.txt -e .
+	touch $@
+
+.venv/.installed: .venv/.torch
 	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	touch $@
 
-demo: .venv/.installed
+demo: .venv/.core
 	.venv/bin/cadence demo
 
 test: .venv/.installed
@@ -29,7 +39,7 @@ test-latest:
 	rm -rf $(LATEST)
 	python3 -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(LATEST)/bin/python -m pip install -q "$(TORCH)"
+	$(LATEST)/bin/python -m pip install -q $(TORCH)
 	$(LATEST)/bin/python -m pip install -q -e ".[test]"
 	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|accelerate|trl|sentence-transformers|datasets|peft) "
 	$(LATEST)/bin/python -m pytest -q

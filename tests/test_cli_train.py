@@ -174,7 +174,7 @@ def test_train_errors_name_the_file_and_column_before_any_model_load(tmp_path, c
     (tmp_path / "data.xlsx").write_text("x")
     fill = lambda s: s.format(tmp=tmp_path, csv=csv_files[0])  # noqa: E731
     # --model names nothing that exists: the data error must come first
-    argv = ["train", "--model", str(tmp_path / "no-model"), "--output_dir", str(tmp_path / "o"), *map(fill, flags)]
+    argv = ["train", "--model", "no-model", "--output_dir", str(tmp_path / "o"), *map(fill, flags)]
     assert main(argv) == 2
     assert fill(message) in capsys.readouterr().err
     with pytest.raises(ValueError):
@@ -184,7 +184,9 @@ def test_train_errors_name_the_file_and_column_before_any_model_load(tmp_path, c
 @pytest.mark.parametrize("model, tokenizer, message", [
     ("no-such-org/no-such-model", None, ["--model='no-such-org/no-such-model'", "not a local folder",
                                          "HF_HUB_OFFLINE=1", "pass a model folder"]),
-    ("{tmp}/no-model", None, ["--model='{tmp}/no-model'", "not a local folder", "pass a model folder"]),
+    ("{tmp}/no-model", None, ["--model='{tmp}/no-model': no such folder ({tmp}/no-model)", "pass the folder"]),
+    ("./nosuch", None, ["--model='./nosuch': no such folder ({tmp}/nosuch)"]),
+    ("{folder}", "../nosuch", ["--tokenizer='../nosuch': no such folder ({tmp}/../nosuch)"]),
     ("{tmp}/empty", None, ["--model='{tmp}/empty'", "is a folder without config.json"]),
     ("{folder}", "no-such-org/no-tokenizer", ["--tokenizer='no-such-org/no-tokenizer'", "HF_HUB_OFFLINE=1"]),
 ])
@@ -197,6 +199,7 @@ def test_train_model_or_tokenizer_that_cannot_be_loaded_is_a_one_line_error(tmp_
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read when huggingface_hub was imported
     (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path)  # relative folders are looked for here
     fill = lambda s: s.format(tmp=tmp_path, folder=model_folder)  # noqa: E731
     argv = ["train", "--model", fill(model), "--train_file", text_files[0], "--output_dir", str(tmp_path / "o")]
     argv += ["--tokenizer", tokenizer] if tokenizer else []
@@ -207,6 +210,20 @@ def test_train_model_or_tokenizer_that_cannot_be_loaded_is_a_one_line_error(tmp_
     for piece in message:
         assert fill(piece) in errors[0], errors[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_train_help_lists_every_flag_the_parser_takes():
+    """``cadence train --help`` is built without transformers (cli_train.help_parser): it shows exactly the flags the
+    HfArgumentParser that parses takes, with the same metavars and choices."""
+    from cadence.cli_train import TrainArguments, _parser_class, help_parser
+    from cadence.training_args import TrainingArguments
+
+    def flags(parser):
+        return {(tuple(action.option_strings), action.nargs, tuple(action.choices or ()))
+                for action in parser._actions if action.option_strings}
+
+    parsing = _parser_class()((TrainArguments, TrainingArguments), allow_abbrev=False)
+    assert flags(help_parser()) == flags(parsing)
 
 
 def test_train_flags_reach_training_arguments(tmp_path):

@@ -116,7 +116,7 @@ FLOORS = [
     ("the Trainer", ["cadence.trainer", "cadence.trainer_seq2seq"]),
     ("entry points and transformers' paths", ["cadence", "cadence.trainer_pt_utils", "cadence.trainer_jit_checkpoint",
                                               "cadence.trainer_optimizer", "cadence.patch", "cadence.cli",
-                                              "cadence.cli_train", "cadence.demo", "cadence.plot",
+                                              "cadence.cli_train", "cadence.cli_env", "cadence.demo", "cadence.plot",
                                               "cadence.__main__"]),
 ]
 

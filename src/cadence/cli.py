@@ -1,25 +1,53 @@
-"""The ``cadence`` command: ``demo``, ``train`` (``cli_train``), ``plot`` (``plot``) and ``run`` (a script on cadence)."""
+"""The ``cadence`` command: ``demo``, ``train`` (``cli_train``), ``plot`` (``plot``), ``env`` (``cli_env``) and ``run``
+(a script on cadence).
+
+Every flag takes both spellings, ``--max-steps`` and ``--max_steps``, as ``cadence train`` (HfArgumentParser) does;
+flags are never abbreviated. Nothing heavy is imported before the command needs it: ``--version`` and
+``train --help`` answer without importing transformers.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from pathlib import Path
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: cadence's version and the versions of the two libraries it runs on, read from their
+    installed metadata (nothing imported)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .cli_env import installed_version
+        from .version import __version__
+
+        others = ", ".join(f"{name} {installed_version(name) or 'not installed'}" for name in ("torch", "transformers"))
+        print(f"cadence {__version__} ({others})")
+        parser.exit()
+
+
+def _flag(parser, name: str, **options) -> None:
+    """``--name-with-hyphens`` and ``--name_with_underscores``, one option (the hyphen spelling shown first)."""
+    words = name.lstrip("-")
+    parser.add_argument(*dict.fromkeys([f"--{words.replace('_', '-')}", f"--{words.replace('-', '_')}"]), **options)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .version import __version__
-
     argv = sys.argv[1:] if argv is None else list(argv)
     # allow_abbrev=False everywhere: a mistyped flag is an error, never taken for a longer one it starts
     parser = argparse.ArgumentParser(prog="cadence", description="cadence: a PyTorch training loop with the Trainer API",
                                      allow_abbrev=False)
-    parser.add_argument("--version", action="version", version=f"cadence {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="print the versions of cadence, torch and transformers")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="train a small language model on text that ships with Python",
                                allow_abbrev=False)
-    demo.add_argument("--output-dir", default="cadence_output", help="where logs, checkpoints and the model go")
-    demo.add_argument("--max-steps", type=int, default=300, help="optimizer steps (default 300, under a minute on 2 idle CPU cores)")
+    _flag(demo, "--output-dir", default="cadence_output", help="where logs, checkpoints and the model go")
+    _flag(demo, "--max-steps", type=int, default=300,
+          help="optimizer steps (default 300, under a minute on 2 idle CPU cores); it logs at least 5 times")
     demo.add_argument("--seed", type=int, default=42)
     demo.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
     # train's flags are every TrainingArguments field: HfArgumentParser reads them (cadence train --help)
@@ -28,17 +56,28 @@ def main(argv: list[str] | None = None) -> int:
                                allow_abbrev=False)
     plot.add_argument("run_dir", help="a run's output_dir (cadence's or transformers'), even while it trains")
     plot.add_argument("--out", default=None, help="the PNG to write (default: RUN_DIR/training_curves.png)")
+    commands.add_parser("env", help="print the versions, devices and install facts a bug report needs",
+                        allow_abbrev=False)
     # run's arguments are the script's: everything after `run` goes to it untouched
     commands.add_parser("run", add_help=False, help="run SCRIPT [ARGS...] or -m MODULE [ARGS...] with transformers' "
                                                      "Trainer names pointed at cadence's (TRL, sentence-transformers)")
     if argv[:1] == ["run"]:
         return run_patched(argv[1:])
+    if argv[:1] == ["train"] and any(arg in ("-h", "--help") for arg in argv[1:]):
+        from .cli_train import print_help  # the flags without importing transformers: a fast --help
+
+        print_help()
+        return 0
     args = parser.parse_args(argv[:1] if argv[:1] == ["train"] else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
         from .demo import run_demo
 
         run_demo(output_dir=args.output_dir, max_steps=args.max_steps, seed=args.seed, resume=args.resume)
+    elif args.command == "env":
+        from .cli_env import environment_report
+
+        print(environment_report())
     elif args.command == "train":
         from .cli_train import run_train
 
@@ -48,11 +87,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cadence train: error: {error}", file=sys.stderr)
             return 2
     elif args.command == "plot":
+        if not Path(args.run_dir).exists():  # said before matplotlib and torch are imported
+            print(f"cadence plot: error: {args.run_dir}: no such folder or file; pass a run's output_dir",
+                  file=sys.stderr)
+            return 2
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:  # an optional extra: say so before reading the run
+            print("cadence plot: error: cadence plot needs matplotlib: pip install matplotlib (or pip install "
+                  "'cadence[plot]')", file=sys.stderr)
+            return 2
         from .plot import plot_run
 
         try:
             path = plot_run(args.run_dir, args.out)
-        except (FileNotFoundError, ValueError) as error:
+        except (FileNotFoundError, ValueError, ImportError) as error:  # ImportError: no matplotlib, and how to get it
             print(f"cadence plot: error: {error}", file=sys.stderr)
             return 2
         print(f"cadence plot: {path}")

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -58,6 +59,12 @@ class TrainArguments:
 
     def __post_init__(self):
         # checked while parsing: before any file, model or output_dir is touched
+        for flag, value in (("--model", self.model), ("--tokenizer", self.tokenizer)):
+            if value is not None and _local_path(value) and not Path(value).exists():
+                raise ValueError(
+                    f"{flag}={value!r}: no such folder ({Path(value).absolute()}); pass the folder a model was "
+                    "saved to (save_pretrained), a model type such as 'gpt2', or a Hub id such as 'openai-community/gpt2'"
+                )
         if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size >= 1):
             raise ValueError(
                 f"--block_size={self.block_size!r} is invalid: it must be a number of tokens >= 1; leave it out for "
@@ -71,6 +78,12 @@ class TrainArguments:
                     f"--config_overrides={self.config_overrides!r} is invalid: {bad!r} is not key=value; write "
                     "'n_layer=2,n_embd=64'"
                 )
+
+
+def _local_path(value: str) -> bool:
+    """Whether ``value`` can only be a local path: it starts with ``.``, ``/`` or ``~``, or has two separators (a Hub
+    id is ``name`` or ``owner/name``, and never starts with those)."""
+    return value.startswith((".", "/", "~", os.sep)) or os.path.isabs(value) or value.replace(os.sep, "/").count("/") >= 2
 
 
 def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
@@ -114,6 +127,94 @@ Train a transformers model on local text files (.txt, .csv, .json/.jsonl, .parqu
 sequence classifier. The data files and columns are checked before the model is loaded; the model, tokenizer,
 all_results.json and trainer_state.json are saved to --output_dir, and report_to defaults to jsonl, so
 `cadence plot OUTPUT_DIR` draws the run. Flags are spelled out in full (no abbreviations)."""
+
+
+def training_args_groups() -> dict[str, str]:
+    """``{field: group title}`` for ``TrainingArguments``: the ``# --- Title ---`` comments that group its fields in
+    training_args.py as transformers' documentation groups them, read from that source, so the groups live in one
+    place (a parenthesis after the title is dropped)."""
+    from . import training_args
+
+    text = Path(training_args.__file__).read_text(encoding="utf-8")
+    groups, title = {}, None
+    for line in text[text.index("\nclass TrainingArguments"):].splitlines()[2:]:
+        if line and not line.startswith((" ", "#", ")")):  # the next top-level statement: the class has ended
+            break
+        heading = re.match(r"    # --- (.+?) ---", line)
+        if heading:
+            title = re.sub(r"\s*\(.*\)$", "", heading.group(1))
+        else:
+            name = re.match(r"    (\w+): ", line)
+            if name and title:
+                groups[name.group(1)] = title
+    return groups
+
+
+def help_parser() -> argparse.ArgumentParser:
+    """The parser whose help ``cadence train --help`` prints: the same flags as the HfArgumentParser that parses (a
+    test compares them), grouped as ``TrainingArguments``' documentation groups them, built without importing
+    transformers so that the help comes as fast as ``import torch``."""
+    import typing
+
+    from .training_args import TrainingArguments
+
+    parser = argparse.ArgumentParser(prog="cadence train", usage=USAGE, description=DESCRIPTION,
+                                     formatter_class=_HelpFormatter, allow_abbrev=False)
+    titles = training_args_groups()
+    groups: dict[str, Any] = {}
+    for owner in (TrainArguments, TrainingArguments):
+        hints = typing.get_type_hints(owner)
+        for spec in fields(owner):
+            if not spec.init:
+                continue
+            title = "cadence train" if owner is TrainArguments else titles.get(spec.name, "other")
+            if title not in groups:
+                groups[title] = parser.add_argument_group(title)
+            _add_help_flag(groups[title], spec, hints[spec.name])
+    parser.set_defaults(report_to="jsonl")  # as parse() sets it
+    return parser
+
+
+def _add_help_flag(group, spec, hint) -> None:
+    """One field as HfArgumentParser adds it, for display: both spellings, choices of a Literal or an Enum, ``[X]``
+    for a yes/no flag, ``X [X ...]`` for a list, and the ``--no_`` form of a flag that defaults to True."""
+    import enum
+    import types
+    import typing
+
+    options = [f"--{spec.name}"] + ([f"--{spec.name.replace('_', '-')}"] if "_" in spec.name else [])
+    shown = {key: value for key, value in spec.metadata.items() if key in ("help", "choices", "nargs", "metavar")}
+    if spec.default is not MISSING:
+        shown["default"] = spec.default
+    elif spec.default_factory is not MISSING:
+        shown["default"] = spec.default_factory()
+    kind, none = hint, type(None)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # HfArgumentParser's rule for which type shows
+        members = typing.get_args(hint)
+        if none not in members:
+            kind = members[0] if members[1] is str else members[1]
+        elif bool not in members:
+            kind = members[0] if members[1] is none else members[1]
+        else:
+            kind = bool
+    if typing.get_origin(kind) is typing.Literal:
+        shown.setdefault("choices", typing.get_args(kind))
+    elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+        shown.setdefault("choices", [member.value for member in kind])
+    elif kind is bool and (hint is bool or spec.default not in (None, MISSING)):  # `bool | None = None` takes a value
+        shown.setdefault("nargs", "?")
+    elif typing.get_origin(kind) is list:
+        shown.setdefault("nargs", "+")
+    group.add_argument(*options, **shown)
+    if spec.default is True and kind is bool:
+        group.add_argument(f"--no_{spec.name}", f"--no-{spec.name.replace('_', '-')}", action="store_false",
+                           dest=spec.name, default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS if shown.get("help") is argparse.SUPPRESS else f"--{spec.name} false")
+
+
+def print_help() -> None:
+    """``cadence train --help``."""
+    help_parser().print_help()
 
 
 def _parser_class():

@@ -77,6 +77,12 @@ class TinyGPT(nn.Module):
         return out
 
 
+def demo_logging_steps(max_steps: int) -> int:
+    """Every 25 steps, or more often in a short demo: at least 5 logged losses whenever there are 5 steps, so the
+    summary's first and last losses come from different logs (one log made them the same number)."""
+    return max(1, min(25, max_steps // 5))
+
+
 def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_size: int = 128, seed: int = 42,
              resume: bool = False) -> dict:
     """Train TinyGPT on the embedded text; print a summary; return the train metrics.
@@ -104,9 +110,9 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_siz
         warmup_steps=0.05,
         lr_scheduler_type="cosine",
         weight_decay=0.1,
-        logging_steps=25,
+        logging_steps=demo_logging_steps(max_steps),
         eval_strategy="steps",
-        eval_steps=100,
+        eval_steps=min(100, max(1, max_steps // 3)),  # a short demo evaluates while it trains too
         save_steps=100,
         save_total_limit=2,
         overwrite_output_dir=not resume,  # the demo's own folder: a fresh demo replaces the last one's checkpoints
@@ -138,6 +144,14 @@ def run_demo(output_dir: str = "cadence_output", max_steps: int = 300, block_siz
         f"  train loss  {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} (nats/byte)\n"
         f"  held-out    loss {summary['eval_loss']:.3f}, perplexity {summary['perplexity']:.2f}\n"
         f"  speed       {summary['tokens_per_second']:,.0f} tokens/s ({elapsed:.1f} s)\n"
-        f"  files       {summary['output_dir']} (model.safetensors, checkpoint-*/, trainer_state.json)"
+        f"  files       {summary['output_dir']} (model.safetensors, checkpoint-*/, trainer_state.json)\n"
+        f"  curves      cadence plot {output_dir}{_plot_needs()}"
     )
     return summary
+
+
+def _plot_needs() -> str:
+    """What ``cadence plot`` still needs here (matplotlib is not a core dependency), or nothing."""
+    import importlib.util
+
+    return "" if importlib.util.find_spec("matplotlib") else "   (after: pip install matplotlib)"

@@ -67,6 +67,7 @@ import json
 import logging
 import math
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -685,6 +686,11 @@ def _short_logs(logs: dict, max_str_len: int | None = None) -> dict:
     return shown
 
 
+def _is_terminal(stream) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
 class ProgressCallback(TrainerCallback):
     """A tqdm bar over training steps (and one over prediction batches), logs written under it.
 
@@ -720,8 +726,12 @@ class ProgressCallback(TrainerCallback):
             if self.prediction_bar is None:
                 from tqdm.auto import tqdm
 
-                # Left on screen only outside training, where it is the only bar.
+                # Left on screen only outside training, where it is the only bar. Under the training bar it is drawn
+                # on the next line with cursor-movement escapes, which a log file or a pipe shows as stray "[A":
+                # there only the training bar is drawn.
                 leave = self.training_bar is None
+                if not leave and not _is_terminal(sys.stderr):
+                    return
                 self.prediction_bar = tqdm(total=len(eval_dataloader), leave=leave, dynamic_ncols=True)
             self.prediction_bar.update(1)
 

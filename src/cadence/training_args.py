@@ -467,7 +467,7 @@ class TrainingArguments:
     # --- Experiment tracking ---
     report_to: None | str | list[str] = field(
         default="none",
-        metadata=_help("Reporting integrations: 'none' (the default), 'all' installed ones, or a list of names."),
+        metadata=_help("Reporting integrations: 'none', 'all' installed ones, or a list of names."),
     )
     run_name: str | None = field(default=None, metadata=_help("A name for the run, shown by reporting tools."))
     project: str = field(default="huggingface", metadata=_help("Project name for Trackio reporting."))
