@@ -16,7 +16,7 @@ import torch
 from ..checkpoint import formats
 from ..checkpoint.deepspeed_files import check_deepspeed_folder
 
-from .deepspeed import _check_deepspeed_usable, deepspeed_config
+from .deepspeed import _check_deepspeed_usable, deepspeed_accelerator, deepspeed_config
 from .devices import empty_cache, free_memory
 from .fsdp import _FullyShard, fsdp_plugin
 from .meshes import _accelerate_parallelism, _mesh_sharding, parallelism_layout
@@ -59,7 +59,7 @@ class Backend:
                 )
         if self.world_size > 1 or self.deepspeed is not None:
             from accelerate import Accelerator
-            from accelerate.utils import DeepSpeedPlugin, DistributedDataParallelKwargs, InitProcessGroupKwargs
+            from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
             ddp = DistributedDataParallelKwargs(
                 find_unused_parameters=find_unused_parameters(args, model),
@@ -68,10 +68,12 @@ class Backend:
                 **({"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb else {}),
             )
             init = InitProcessGroupKwargs(**_process_group_options(args))
-            engine = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=self.deepspeed)} if self.deepspeed else {}
-            self.accelerator = _end_at_exit_if_started(
-                lambda: Accelerator(cpu=_on_cpu(args), kwargs_handlers=[ddp, init], **engine,
-                                    **_accelerate_parallelism(self.layout, args)))
+            if self.deepspeed is not None:
+                self.accelerator = _end_at_exit_if_started(lambda: deepspeed_accelerator(self.deepspeed, [init]))
+            else:
+                self.accelerator = _end_at_exit_if_started(
+                    lambda: Accelerator(cpu=_on_cpu(args), kwargs_handlers=[ddp, init],
+                                        **_accelerate_parallelism(self.layout, args)))
             self.device = self.accelerator.device
         else:
             self.device = args.device
@@ -175,9 +177,25 @@ class Backend:
 
         FSDP reduce-scatters every micro-batch instead: skipping it would keep whole unsharded gradients
         on every process, the memory FSDP exists to save (the sum is the same either way)."""
-        if self.accelerator is None or self.sharding is not None or self.engine is not None or self.sync_each_batch:
-            return contextlib.nullcontext()  # DeepSpeed counts the accumulation window itself
+        if self.engine is not None:
+            return self._deepspeed_accumulating()
+        if self.accelerator is None or self.sharding is not None or self.sync_each_batch:
+            return contextlib.nullcontext()
         return self.accelerator.no_sync(model)
+
+    @contextlib.contextmanager
+    def _deepspeed_accumulating(self):
+        """DeepSpeed: a micro-batch that is not the step's last is no accumulation boundary. accelerate's DeepSpeed
+        ``backward`` marks the boundary and runs ``engine.step()`` (clip, update, zero) whenever its
+        ``sync_gradients`` is true, which it is unless told otherwise (transformers sets it per micro-batch): the
+        window's end, not the engine's own micro-step count, decides, so a shortened window (an epoch's last,
+        ``auto_find_batch_size``'s split) steps where cadence's loop steps."""
+        state = self.accelerator.gradient_state
+        state._set_sync_gradients(False)
+        try:
+            yield
+        finally:
+            state._set_sync_gradients(True)
 
     def autocast(self):
         """``torch.autocast`` in the mixed-precision dtype, else nothing."""
