@@ -69,7 +69,7 @@ class Backend:
             )
             init = InitProcessGroupKwargs(**_process_group_options(args))
             if self.deepspeed is not None:
-                self.accelerator = _end_at_exit_if_started(lambda: deepspeed_accelerator(self.deepspeed, [init]))
+                self.accelerator = _end_at_exit_if_started(lambda: deepspeed_accelerator(self.deepspeed, _process_group_options(args)))
             else:
                 self.accelerator = _end_at_exit_if_started(
                     lambda: Accelerator(cpu=_on_cpu(args), kwargs_handlers=[ddp, init],
@@ -418,6 +418,11 @@ class Backend:
             try:  # ZeRO-3 consolidates only with stage3_gather_16bit_weights_on_model_save
                 return self.accelerator.get_state_dict(self.engine)
             except ValueError:
+                if full:  # save_model(): DeepSpeed's files instead, as transformers writes them
+                    logger.warning("ZeRO-3 without stage3_gather_16bit_weights_on_model_save: %s gets DeepSpeed's "
+                                   "checkpoint instead of model.safetensors; its zero_to_fp32.py recovers the weights",
+                                   folder)
+                    self.engine.save_checkpoint(str(folder))
                 return {}
         if self.sharding is None:
             return None
@@ -436,10 +441,19 @@ class Backend:
         return self.sharding.optimizer_state_dict(model, optimizer, Path(folder), pending)
 
     def load_model_weights(self, model: torch.nn.Module, folder: str | os.PathLike) -> None:
-        """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded)."""
-        if self.engine is not None and (Path(folder) / "latest").exists():
+        """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded).
+
+        Under DeepSpeed, a folder with DeepSpeed's files (``latest``) is read by the engine once it exists; before
+        that (``train(resume_from_checkpoint=...)`` loads the weights before the engine is made) from its
+        ``model.safetensors`` if it has one, and else not at all: the engine's full load at the resume
+        (:meth:`load_optimizer_state`) restores the weights with the optimizer (ZeRO-3 writes no consolidated
+        weights without ``stage3_gather_16bit_weights_on_model_save``)."""
+        deepspeed_files = self.deepspeed is not None and (Path(folder) / "latest").exists()
+        if deepspeed_files and self.engine is not None:
             check_deepspeed_folder(folder)  # DeepSpeed unpickles its files with weights_only=False: checked first
             self.engine.load_checkpoint(str(folder), load_module_only=True)
+        elif deepspeed_files and not formats.weights_files(folder):
+            logger.debug("%s: no consolidated weights; DeepSpeed's engine loads them at the resume", folder)
         elif self.sharding is None:
             formats.load_model_weights(self.unwrap(model), folder)
         else:

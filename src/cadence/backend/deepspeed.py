@@ -141,27 +141,35 @@ def _launcher_environment() -> None:
         os.environ.setdefault(name, value)
 
 
-def deepspeed_accelerator(config: dict, kwargs_handlers: list):
+def deepspeed_accelerator(config: dict, group_options: dict):
     """accelerate's ``Accelerator`` set up for DeepSpeed as transformers sets it up, on whichever accelerator DeepSpeed
     picked (a CPU included: accelerate's ``cpu=True`` would switch DeepSpeed off, so it is never passed here).
 
     accelerate selects DeepSpeed from ``ACCELERATE_USE_DEEPSPEED`` (set only while the state is created, as
     transformers' arguments do), and its process state then starts DeepSpeed's communication (gloo on a CPU). A
-    process state made earlier without DeepSpeed (``main_process_first``, a library's bare ``PartialState()``) is
-    reset first, keeping its process group, which DeepSpeed takes over.
+    state made earlier (``main_process_first``, a library's bare ``PartialState()``, an earlier run's DeepSpeed
+    config) is reset first, keeping its process group, which DeepSpeed takes over.
+
+    Args:
+        config: the DeepSpeed config, "auto" values filled (:func:`deepspeed_config`).
+        group_options: ``init_process_group``'s options (``_process_group_options``). Without a ``backend`` there,
+            DeepSpeed's accelerator names it (gloo on a CPU): accelerate (1.16) finds none for a CPU that it is not
+            told is one, and then counts one process of rank 0 on every process (transformers' CPU runs have that
+            bug: each rank logs and saves as the main one, and reductions do not average).
     """
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+    from deepspeed.accelerator import get_accelerator
 
     _launcher_environment()
-    if PartialState._shared_state and PartialState().distributed_type.value != "DEEPSPEED":
-        AcceleratorState._reset_state(reset_partial_state=True)
+    AcceleratorState._reset_state(reset_partial_state=True)  # as transformers' arguments do: this run's plugin
     before = os.environ.get("ACCELERATE_USE_DEEPSPEED")
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     try:
-        return Accelerator(cpu=False, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config),
-                           kwargs_handlers=kwargs_handlers)
+        init = InitProcessGroupKwargs(**{**group_options,
+                                         "backend": group_options.get("backend") or get_accelerator().communication_backend_name()})
+        return Accelerator(cpu=False, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), kwargs_handlers=[init])
     finally:
         if before is None:
             del os.environ["ACCELERATE_USE_DEEPSPEED"]
