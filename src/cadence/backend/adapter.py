@@ -254,7 +254,12 @@ class Backend:
             loss = self.scaler.scale(loss)
         if self.accelerator is None:
             loss.backward()
-        elif self.engine is not None:  # the loop already normalised over the window: DeepSpeed must not divide again
+        elif self.engine is not None:
+            # one normalisation: the engine would divide each micro-batch's loss by gradient_accumulation_steps, but
+            # the loop's micro-batch losses already sum to the step's loss over all its items (times the process
+            # count, which the engine's gradient averaging divides back), so it must not (transformers passes the
+            # same). The boundary (no_sync) decides whether this backward ends the step: then the engine clips,
+            # steps and zeroes inside it
             self.accelerator.backward(loss, scale_wrt_gas=False)
         else:
             self.accelerator.backward(loss)
