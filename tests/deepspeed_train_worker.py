@@ -6,7 +6,8 @@ the imports and DeepSpeed's start once), on transformers or on cadence, each wri
 RUNS_JSON is a list of runs, each a dict: ``name`` (its folder under OUT), ``lib`` ("hf" or "cadence"),
 ``stage``, ``ga``, ``batch``, optional ``offload`` (ZeRO-Offload of the optimizer to the CPU), ``gather``
 (``stage3_gather_16bit_weights_on_model_save``), ``resume`` (a checkpoint folder under OUT to resume from). Every run
-trains to step 6 with a checkpoint at step 3, then ``save_model(OUT/name/final)``; rank 0 writes
+trains to step 6 (44 rows, 4 a micro-batch over all processes, 2 micro-batches a step: the sixth step is the
+epoch's last, shorter window of one micro-batch) with a checkpoint at step 3, then ``save_model(OUT/name/final)``; rank 0 writes
 ``OUT/name/result.pt``: the per-step losses and grad norms, the final weights (gathered by the engine), how far
 they moved from the initial ones, and whether ``from_pretrained`` reads save_model's ``model.safetensors`` as them.
 """
@@ -67,7 +68,7 @@ def train(out, run):
     model = tiny_gpt2(seed=3)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.loss_type = "ForCausalLM"  # transformers then counts the labels a causal LM predicts, as cadence does
-    trainer = lib.Trainer(model=model, args=args, train_dataset=LMDataset(48), data_collator=lm_collate)
+    trainer = lib.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=lm_collate)
     resume = run.get("resume")
     trainer.train(resume_from_checkpoint=os.path.join(out, resume) if resume else None)
     trainer.save_model(os.path.join(folder, "final"))

@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO-1/2/3 trained end to end on the CPU (DeepSpeed's CPU accelerator, gloo), against transformers'
-Trainer on the same seed and config: a float32 tiny GPT-2, 6 steps of 4 sequences as 2 micro-batches (GA 2), a
-checkpoint at step 3 that a second run resumes from.
+Trainer on the same seed and config: a float32 tiny GPT-2, 6 steps of 8 sequences as 2 micro-batches (GA 2) over an epoch of 44,
+so the sixth step is the epoch's last, shorter window (one micro-batch, weighted by its items), and a checkpoint at
+step 3 that a second run resumes from.
 
 Two launches serve every check (deepspeed_train_worker.py runs several trainings in one process): one process
 (transformers' references and cadence's ZeRO-1, ZeRO-2, ZeRO-2 with optimizer offload, and a resume of a

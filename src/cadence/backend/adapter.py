@@ -57,7 +57,11 @@ class Backend:
                     "the DeepSpeed config has an optimizer/scheduler section: cadence builds both from TrainingArguments "
                     "(optim, learning_rate, lr_scheduler_type, ...) and DeepSpeed wraps them; remove those sections"
                 )
-        if self.world_size > 1 or self.deepspeed is not None:
+        if self.deepspeed is not None:  # on one process too: the engine partitions the optimizer state
+            self.accelerator = _end_at_exit_if_started(
+                lambda: deepspeed_accelerator(self.deepspeed, _process_group_options(args)))
+            self.device = self.accelerator.device
+        elif self.world_size > 1:
             from accelerate import Accelerator
             from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
@@ -68,12 +72,9 @@ class Backend:
                 **({"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb else {}),
             )
             init = InitProcessGroupKwargs(**_process_group_options(args))
-            if self.deepspeed is not None:
-                self.accelerator = _end_at_exit_if_started(lambda: deepspeed_accelerator(self.deepspeed, _process_group_options(args)))
-            else:
-                self.accelerator = _end_at_exit_if_started(
-                    lambda: Accelerator(cpu=_on_cpu(args), kwargs_handlers=[ddp, init],
-                                        **_accelerate_parallelism(self.layout, args)))
+            self.accelerator = _end_at_exit_if_started(
+                lambda: Accelerator(cpu=_on_cpu(args), kwargs_handlers=[ddp, init],
+                                    **_accelerate_parallelism(self.layout, args)))
             self.device = self.accelerator.device
         else:
             self.device = args.device
@@ -188,8 +189,8 @@ class Backend:
         """DeepSpeed: a micro-batch that is not the step's last is no accumulation boundary. accelerate's DeepSpeed
         ``backward`` marks the boundary and runs ``engine.step()`` (clip, update, zero) whenever its
         ``sync_gradients`` is true, which it is unless told otherwise (transformers sets it per micro-batch): the
-        window's end, not the engine's own micro-step count, decides, so a shortened window (an epoch's last,
-        ``auto_find_batch_size``'s split) steps where cadence's loop steps."""
+        window's end, not the engine's own micro-step count, decides, so a shortened window (an epoch's last)
+        steps where cadence's loop steps."""
         state = self.accelerator.gradient_state
         state._set_sync_gradients(False)
         try:

@@ -167,8 +167,8 @@ def deepspeed_accelerator(config: dict, group_options: dict):
     before = os.environ.get("ACCELERATE_USE_DEEPSPEED")
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     try:
-        init = InitProcessGroupKwargs(**{**group_options,
-                                         "backend": group_options.get("backend") or get_accelerator().communication_backend_name()})
+        backend = group_options.get("backend") or get_accelerator().communication_backend_name()
+        init = InitProcessGroupKwargs(**{**group_options, "backend": backend})
         return Accelerator(cpu=False, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), kwargs_handlers=[init])
     finally:
         if before is None:
