@@ -51,7 +51,7 @@ TWO = [  # 2 processes x 2 rows: the global batch of ONE's 4 rows
 
 
 def launch(out, runs, nproc):
-    proc = dist_exit.launch("deepspeed_train_worker.py", out, json.dumps(runs), nproc=nproc, timeout=420,
+    proc = dist_exit.launch("deepspeed_train_worker.py", out, json.dumps(runs), nproc=nproc, timeout=600,
                             env={"DS_ACCELERATOR": "cpu"})
     assert_finished(proc, nproc)
     return {r["name"]: torch.load(out / r["name"] / "result.pt", weights_only=True) for r in runs}
