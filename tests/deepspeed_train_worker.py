@@ -7,7 +7,8 @@ RUNS_JSON is a list of runs, each a dict: ``name`` (its folder under OUT), ``lib
 ``stage``, ``ga``, ``batch``, optional ``offload`` (ZeRO-Offload of the optimizer to the CPU), ``gather``
 (``stage3_gather_16bit_weights_on_model_save``), ``resume`` (a checkpoint folder under OUT to resume from). Every run
 trains to step 6 (44 rows, 4 a micro-batch over all processes, 2 micro-batches a step: the sixth step is the
-epoch's last, shorter window of one micro-batch) with a checkpoint at step 3, then ``save_model(OUT/name/final)``; rank 0 writes
+epoch's last, shorter window of one micro-batch) with a checkpoint at step 3, then ``save_model(OUT/name/final)``;
+rank 0 writes
 ``OUT/name/result.pt``: the per-step losses and grad norms, the final weights (gathered by the engine), how far
 they moved from the initial ones, and whether ``from_pretrained`` reads save_model's ``model.safetensors`` as them.
 """
@@ -75,16 +76,29 @@ def train(out, run):
     weights = final_weights(trainer, os.path.join(folder, "final"))
     logs = [h for h in trainer.state.log_history if "loss" in h]
     if trainer.is_world_process_zero():
-        final = os.path.join(folder, "final")
-        reloaded = None  # save_model's model.safetensors as from_pretrained reads it, where there is one
-        if os.path.exists(os.path.join(final, "model.safetensors")):
-            reloaded = type(model).from_pretrained(final).state_dict()
-            reloaded = all(torch.equal(reloaded[k], v) for k, v in weights.items())
         torch.save({"losses": [h["loss"] for h in logs], "steps": [h["step"] for h in logs],
                     "grad_norms": [float(h["grad_norm"]) for h in logs], "weights": weights,
                     "moved": max((v - start[k]).abs().max().item() for k, v in weights.items()),
-                    "reloaded_equal": reloaded}, os.path.join(folder, "result.pt"))
+                    "reloaded_equal": None}, os.path.join(folder, "result.pt"))
     say(f"DONE {run['name']}")
+
+
+def reload_saved_models(out, runs):
+    """On rank 0, once every run is done: whether ``from_pretrained`` reads each save_model's ``model.safetensors``
+    as the run's final weights. transformers' ``from_pretrained`` partitions the model it builds (a collective)
+    while a ZeRO-3 config is the last DeepSpeed config it saw, so that one is forgotten first."""
+    from transformers import GPT2LMHeadModel
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    for run in runs:
+        path = os.path.join(out, run["name"], "result.pt")
+        final = os.path.join(out, run["name"], "final")
+        if os.path.exists(os.path.join(final, "model.safetensors")):
+            result = torch.load(path, weights_only=True)
+            reloaded = GPT2LMHeadModel.from_pretrained(final).state_dict()
+            result["reloaded_equal"] = all(torch.equal(reloaded[k], v) for k, v in result["weights"].items())
+            torch.save(result, path)
 
 
 def main():
@@ -93,6 +107,8 @@ def main():
         start = time.perf_counter()
         train(out, run)
         say(f"TIME {run['name']} {time.perf_counter() - start:.1f}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        reload_saved_models(out, runs)
     finish()
 
 

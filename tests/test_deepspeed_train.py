@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-1/2/3 trained end to end on the CPU (DeepSpeed's CPU accelerator, gloo), against transformers'
-Trainer on the same seed and config: a float32 tiny GPT-2, 6 steps of 8 sequences as 2 micro-batches (GA 2) over an epoch of 44,
-so the sixth step is the epoch's last, shorter window (one micro-batch, weighted by its items), and a checkpoint at
-step 3 that a second run resumes from.
+Trainer on the same seed and config: a float32 tiny GPT-2, 6 steps of 8 sequences as 2 micro-batches (GA 2) over an
+epoch of 44, so the sixth step is the epoch's last, shorter window (one micro-batch, weighted by its items), and a
+checkpoint at step 3 that a second run resumes from.
 
 Two launches serve every check (deepspeed_train_worker.py runs several trainings in one process): one process
 (transformers' references and cadence's ZeRO-1, ZeRO-2, ZeRO-2 with optimizer offload, and a resume of a
@@ -45,7 +45,8 @@ ONE = [
 ]
 TWO = [  # 2 processes x 2 rows: the global batch of ONE's 4 rows
     run("cd2", "cadence", 2, batch=2), run("cd2r", "cadence", 2, batch=2, resume="cd2/checkpoint-3"),
-    run("cd3", "cadence", 3, batch=2, gather=True), run("cd3r", "cadence", 3, batch=2, gather=True, resume="cd3/checkpoint-3"),
+    run("cd3", "cadence", 3, batch=2, gather=True),
+    run("cd3r", "cadence", 3, batch=2, gather=True, resume="cd3/checkpoint-3"),
     run("cd3n", "cadence", 3, batch=2), run("cd3nr", "cadence", 3, batch=2, resume="cd3n/checkpoint-3"),
 ]
 
@@ -115,7 +116,8 @@ def test_a_transformers_checkpoint_resumes_on_cadence(one):
 
 def names(folder: Path) -> set:
     """The files under ``folder``, ranks' and steps' numbers written as N (two processes against one)."""
-    return {re.sub(r"(rank_|global_step)\d+", r"\1N", str(p.relative_to(folder))) for p in folder.rglob("*") if p.is_file()}
+    return {re.sub(r"(rank_|global_step)\d+", r"\1N", str(p.relative_to(folder)))
+            for p in folder.rglob("*") if p.is_file()}
 
 
 def test_zero3_save_model_and_checkpoints_write_what_transformers_writes(one, two):
