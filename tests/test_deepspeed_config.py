@@ -1,7 +1,7 @@
 """DeepSpeed configs: "auto" filled from TrainingArguments as transformers fills them (checked against a hand
 computation, and against transformers' own filler when deepspeed is installed), disagreements refused, and a
-clear error where there is no CUDA GPU (this machine) before anything runs. The end-to-end ZeRO-2/ZeRO-3 run
-is in scripts/gpu_check.py (needs a GPU)."""
+clear error before anything runs where DeepSpeed itself cannot run the config. The end-to-end ZeRO-1/2/3 runs on
+the CPU are in test_deepspeed_train.py."""
 
 import json
 import types
@@ -73,9 +73,15 @@ def test_set_values_that_disagree_are_refused(tmp_path):
         deepspeed_config(TrainingArguments(str(tmp_path), deepspeed=AUTO, **ARGS), types.SimpleNamespace(), 50)
 
 
-def test_clear_error_without_cuda(tmp_path):
+def test_refused_only_where_deepspeed_cannot_run_it(tmp_path):
+    """A CPU is no reason to refuse (DeepSpeed runs there); fp16 where DeepSpeed's accelerator has no fp16 is."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.accelerator import get_accelerator
     from tiny import RegressionDataset, RegressionModel
 
-    args = TrainingArguments(str(tmp_path), deepspeed={"zero_optimization": {"stage": 2}}, use_cpu=True, report_to="none")
-    with pytest.raises(ValueError, match=r"deepspeed=\.\.\. needs CUDA GPUs.*use_cpu=True.*fsdp='full_shard'"):
+    if get_accelerator().is_fp16_supported():
+        pytest.skip(f"DeepSpeed's {get_accelerator().device_name()!r} accelerator has fp16 here")
+    args = TrainingArguments(str(tmp_path), deepspeed={"zero_optimization": {"stage": 2}}, fp16=True, report_to="none")
+    with pytest.raises(ValueError, match=r"fp16=True under deepspeed=\.\.\.: DeepSpeed's '\w+' accelerator reports no "
+                                         r"fp16 support.*remove fp16=True"):
         Trainer(RegressionModel(), args, train_dataset=RegressionDataset())

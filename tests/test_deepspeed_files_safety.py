@@ -124,9 +124,11 @@ def test_latest_naming_no_folder_of_the_checkpoint_is_refused(tmp_path, tag):
 
 def test_the_backend_checks_before_deepspeed_reads_a_file(tmp_path):
     """Backend's two DeepSpeed loads (weights only; everything) refuse a planted folder before calling the engine,
-    and hand a sound one to it (an engine stand-in: a real one needs CUDA here, see scripts/gpu_check.py)."""
+    and hand a sound one to it (an engine stand-in that records the calls; real engines resume in
+    test_deepspeed_train.py)."""
     calls = []
     backend = Backend(TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to="none"))
+    backend.deepspeed = {"zero_optimization": {"stage": 2}}  # what a DeepSpeed run's Backend holds
     backend.engine = types.SimpleNamespace(load_checkpoint=lambda folder, **kw: calls.append((Path(folder).name, kw)))
     good = hand_built(tmp_path / "good" / "checkpoint-3").parent
     backend.load_model_weights(None, good)

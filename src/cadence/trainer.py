@@ -808,7 +808,7 @@ class Trainer:
         self._log_run_header(loop)
         loop.begin(self.state, list(model.parameters()))
         self._loop = loop  # log() reads the run's token count from it
-        model.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)  # the module itself: an engine wrapping it (DeepSpeed) has its own signature
         model.train()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start:

@@ -696,7 +696,8 @@ class TrainingArguments:
     deepspeed: dict | str | None = field(
         default=None,
         metadata=_help(
-            "DeepSpeed configuration (dict, JSON string or file; ZeRO stage 1/2/3), run on CUDA GPUs; "
+            "DeepSpeed configuration (dict, JSON string or file; ZeRO stage 1/2/3), run wherever DeepSpeed runs "
+            "(tested on the CPU: its CPU accelerator, gloo); "
             "'auto' values are filled from these arguments as transformers fills them."
         ),
     )

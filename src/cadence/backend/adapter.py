@@ -16,7 +16,7 @@ import torch
 from ..checkpoint import formats
 from ..checkpoint.deepspeed_files import check_deepspeed_folder, has_tag_file
 
-from .deepspeed import _check_deepspeed_usable, deepspeed_config
+from .deepspeed import _check_deepspeed_usable, deepspeed_accelerator, deepspeed_config
 from .devices import empty_cache, free_memory
 from .fsdp import _FullyShard, fsdp_plugin
 from .meshes import _accelerate_parallelism, _mesh_sharding, parallelism_layout
@@ -57,9 +57,13 @@ class Backend:
                     "the DeepSpeed config has an optimizer/scheduler section: cadence builds both from TrainingArguments "
                     "(optim, learning_rate, lr_scheduler_type, ...) and DeepSpeed wraps them; remove those sections"
                 )
-        if self.world_size > 1 or self.deepspeed is not None:
+        if self.deepspeed is not None:  # on one process too: the engine partitions the optimizer state
+            self.accelerator = _end_at_exit_if_started(
+                lambda: deepspeed_accelerator(self.deepspeed, _process_group_options(args)))
+            self.device = self.accelerator.device
+        elif self.world_size > 1:
             from accelerate import Accelerator
-            from accelerate.utils import DeepSpeedPlugin, DistributedDataParallelKwargs, InitProcessGroupKwargs
+            from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
             ddp = DistributedDataParallelKwargs(
                 find_unused_parameters=find_unused_parameters(args, model),
@@ -68,9 +72,8 @@ class Backend:
                 **({"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb else {}),
             )
             init = InitProcessGroupKwargs(**_process_group_options(args))
-            engine = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=self.deepspeed)} if self.deepspeed else {}
             self.accelerator = _end_at_exit_if_started(
-                lambda: Accelerator(cpu=_on_cpu(args), kwargs_handlers=[ddp, init], **engine,
+                lambda: Accelerator(cpu=_on_cpu(args), kwargs_handlers=[ddp, init],
                                     **_accelerate_parallelism(self.layout, args)))
             self.device = self.accelerator.device
         else:
@@ -175,9 +178,25 @@ class Backend:
 
         FSDP reduce-scatters every micro-batch instead: skipping it would keep whole unsharded gradients
         on every process, the memory FSDP exists to save (the sum is the same either way)."""
-        if self.accelerator is None or self.sharding is not None or self.engine is not None or self.sync_each_batch:
-            return contextlib.nullcontext()  # DeepSpeed counts the accumulation window itself
+        if self.engine is not None:
+            return self._deepspeed_accumulating()
+        if self.accelerator is None or self.sharding is not None or self.sync_each_batch:
+            return contextlib.nullcontext()
         return self.accelerator.no_sync(model)
+
+    @contextlib.contextmanager
+    def _deepspeed_accumulating(self):
+        """DeepSpeed: a micro-batch that is not the step's last is no accumulation boundary. accelerate's DeepSpeed
+        ``backward`` marks the boundary and runs ``engine.step()`` (clip, update, zero) whenever its
+        ``sync_gradients`` is true, which it is unless told otherwise (transformers sets it per micro-batch): the
+        window's end, not the engine's own micro-step count, decides, so a shortened window (an epoch's last)
+        steps where cadence's loop steps."""
+        state = self.accelerator.gradient_state
+        state._set_sync_gradients(False)
+        try:
+            yield
+        finally:
+            state._set_sync_gradients(True)
 
     def autocast(self):
         """``torch.autocast`` in the mixed-precision dtype, else nothing."""
@@ -236,7 +255,12 @@ class Backend:
             loss = self.scaler.scale(loss)
         if self.accelerator is None:
             loss.backward()
-        elif self.engine is not None:  # the loop already normalised over the window: DeepSpeed must not divide again
+        elif self.engine is not None:
+            # one normalisation: the engine would divide each micro-batch's loss by gradient_accumulation_steps, but
+            # the loop's micro-batch losses already sum to the step's loss over all its items (times the process
+            # count, which the engine's gradient averaging divides back), so it must not (transformers passes the
+            # same). The boundary (no_sync) decides whether this backward ends the step: then the engine clips,
+            # steps and zeroes inside it
             self.accelerator.backward(loss, scale_wrt_gas=False)
         else:
             self.accelerator.backward(loss)
@@ -400,6 +424,11 @@ class Backend:
             try:  # ZeRO-3 consolidates only with stage3_gather_16bit_weights_on_model_save
                 return self.accelerator.get_state_dict(self.engine)
             except ValueError:
+                if full:  # save_model(): DeepSpeed's files instead, as transformers writes them
+                    logger.warning("ZeRO-3 without stage3_gather_16bit_weights_on_model_save: %s gets DeepSpeed's "
+                                   "checkpoint instead of model.safetensors; its zero_to_fp32.py recovers the weights",
+                                   folder)
+                    self.engine.save_checkpoint(str(folder))
                 return {}
         if self.sharding is None:
             return None
@@ -418,10 +447,19 @@ class Backend:
         return self.sharding.optimizer_state_dict(model, optimizer, Path(folder), pending)
 
     def load_model_weights(self, model: torch.nn.Module, folder: str | os.PathLike) -> None:
-        """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded)."""
-        if self.engine is not None and has_tag_file(folder):  # latest, or latest_universal: DeepSpeed's checkpoint
+        """Put the weights saved in ``folder`` into ``model`` (every process; full or sharded).
+
+        Under DeepSpeed, a folder with DeepSpeed's files (``latest``) is read by the engine once it exists; before
+        that (``train(resume_from_checkpoint=...)`` loads the weights before the engine is made) from its
+        ``model.safetensors`` if it has one, and else not at all: the engine's full load at the resume
+        (:meth:`load_optimizer_state`) restores the weights with the optimizer (ZeRO-3 writes no consolidated
+        weights without ``stage3_gather_16bit_weights_on_model_save``)."""
+        deepspeed_files = self.deepspeed is not None and has_tag_file(folder)  # latest, or latest_universal
+        if deepspeed_files and self.engine is not None:
             check_deepspeed_folder(folder)  # DeepSpeed unpickles its files with weights_only=False: checked first
             self.engine.load_checkpoint(str(folder), load_module_only=True)
+        elif deepspeed_files and not formats.weights_files(folder):
+            logger.debug("%s: no consolidated weights; DeepSpeed's engine loads them at the resume", folder)
         elif self.sharding is None:
             formats.load_model_weights(self.unwrap(model), folder)
         else:

@@ -103,14 +103,75 @@ def deepspeed_config(args: Any, model: torch.nn.Module | None = None, num_traini
 
 
 def _check_deepspeed_usable(args: Any) -> None:
-    """A clear error before anything runs: DeepSpeed needs CUDA GPUs and its package."""
-    if args.use_cpu or not torch.cuda.is_available():
-        raise ValueError(
-            "deepspeed=... needs CUDA GPUs: DeepSpeed's ZeRO runs on NVIDIA/AMD GPUs and this run has none "
-            f"({'use_cpu=True' if args.use_cpu else 'torch.cuda.is_available() is False'}); remove deepspeed, or use "
-            "fsdp='full_shard' (torch's FSDP2, which also shards parameters, gradients and optimizer state, on CPUs too)"
-        )
+    """A clear error before anything runs, where DeepSpeed itself cannot run the config: its package missing,
+    ``use_cpu=True`` while DeepSpeed would pick a GPU, or fp16/bf16 its accelerator has no kernels for.
+
+    DeepSpeed picks its accelerator itself (``DS_ACCELERATOR``, else the first it detects: CUDA, ..., the CPU as a
+    catch-all); on a CPU its engine communicates over gloo, as torch's own CPU runs do."""
     try:
         import deepspeed  # noqa: F401
+        from deepspeed.accelerator import get_accelerator
     except ImportError:
         raise ImportError("deepspeed=... needs the deepspeed package: pip install deepspeed") from None
+    accelerator = get_accelerator()
+    name = accelerator.device_name()
+    if args.use_cpu and name != "cpu":
+        raise ValueError(
+            f"deepspeed=... with use_cpu=True, but DeepSpeed picked its {name!r} accelerator; set the environment "
+            "variable DS_ACCELERATOR=cpu before starting (DeepSpeed reads it once), or remove use_cpu")
+    for flag, supported in (("fp16", accelerator.is_fp16_supported), ("bf16", accelerator.is_bf16_supported)):
+        if getattr(args, flag) and not supported():
+            raise ValueError(f"{flag}=True under deepspeed=...: DeepSpeed's {name!r} accelerator reports no {flag} "
+                             f"support on this machine; remove {flag}=True (float32 trains everywhere)")
+
+
+def _launcher_environment() -> None:
+    """A process started without a launcher (plain ``python train.py``) becomes a group of one, as DeepSpeed's
+    and torch's launchers would set it up: DeepSpeed's engine needs a process group, and without ``RANK``/``WORLD_SIZE``
+    it looks for MPI instead (transformers' runs stop there on ``mpi4py``). A launcher's values are kept."""
+    if "WORLD_SIZE" in os.environ or "LOCAL_RANK" in os.environ:
+        return
+    import socket
+
+    with socket.socket() as s:  # a free port for this process's own group
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(port))):
+        os.environ.setdefault(name, value)
+
+
+def deepspeed_accelerator(config: dict, group_options: dict):
+    """accelerate's ``Accelerator`` set up for DeepSpeed as transformers sets it up, on whichever accelerator DeepSpeed
+    picked (a CPU included: accelerate's ``cpu=True`` would switch DeepSpeed off, so it is never passed here).
+
+    accelerate selects DeepSpeed from ``ACCELERATE_USE_DEEPSPEED`` (set only while the state is created, as
+    transformers' arguments do), and its process state then starts DeepSpeed's communication (gloo on a CPU). A
+    state made earlier (``main_process_first``, a library's bare ``PartialState()``, an earlier run's DeepSpeed
+    config) is reset first, keeping its process group, which DeepSpeed takes over.
+
+    Args:
+        config: the DeepSpeed config, "auto" values filled (:func:`deepspeed_config`).
+        group_options: ``init_process_group``'s options (``_process_group_options``). Without a ``backend`` there,
+            DeepSpeed's accelerator names it (gloo on a CPU): accelerate (1.16) finds none for a CPU that it is not
+            told is one, and then counts one process of rank 0 on every process (transformers' CPU runs have that
+            bug: each rank logs and saves as the main one, and reductions do not average).
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+    from deepspeed.accelerator import get_accelerator
+
+    _launcher_environment()
+    AcceleratorState._reset_state(reset_partial_state=True)  # as transformers' arguments do: this run's plugin
+    before = os.environ.get("ACCELERATE_USE_DEEPSPEED")
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    try:
+        backend = group_options.get("backend") or get_accelerator().communication_backend_name()
+        init = InitProcessGroupKwargs(**{**group_options, "backend": backend})
+        return Accelerator(cpu=False, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), kwargs_handlers=[init])
+    finally:
+        if before is None:
+            del os.environ["ACCELERATE_USE_DEEPSPEED"]
+        else:
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = before

@@ -79,6 +79,8 @@ def save_model_weights(model: torch.nn.Module, folder: str | os.PathLike, proces
     if state_dict is not None and not state_dict:
         if hasattr(getattr(model, "config", None), "save_pretrained"):
             model.config.save_pretrained(folder)
+        if getattr(model, "generation_config", None) is not None and hasattr(model.generation_config, "save_pretrained"):
+            model.generation_config.save_pretrained(folder)  # as save_pretrained(state_dict={}) writes it
     elif state_dict is not None and getattr(getattr(model, "config", None), "distributed_config", None) is not None:
         # a model transformers distributed at load (tp_plan, DistributedConfig): its save_pretrained gathers the
         # shards and waits on a barrier itself, collectives the one writing process (maybe a background thread)
