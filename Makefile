@@ -31,7 +31,7 @@ demo: .venv/.core
 	.venv/bin/cadence demo
 
 test: .venv/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30  # the slowest tests listed: the suite must stay well inside CI's time
 
 # The suite on the newest release of everything: drift is seen here before it reaches the pinned set.
 # A fresh venv each time: what a new user's `pip install` resolves to today.
