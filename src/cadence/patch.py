@@ -45,6 +45,11 @@ MODULES = {
 # a module that holds one of these (or a subclass it defines) was built on transformers' Trainer before the patch
 _BASES = (("transformers.trainer", "Trainer"), ("transformers.training_args", "TrainingArguments"))
 
+# module-level objects pointed at cadence's too: the default callback list a library reads to build its own handler,
+# and the module's logger, so code that reads or patches `transformers.trainer.logger` (a test's
+# patch("transformers.trainer.logger.warning")) sees the messages cadence logs
+SHARED = ("DEFAULT_CALLBACKS", "logger")
+
 ENV = "CADENCE_PATCH_TRANSFORMERS"  # set (not "" or "0"): this process and its children run on cadence
 PTH = "cadence_patch.pth"  # the start-up hook's file in site-packages (shipped in the wheel, see setup.py)
 
@@ -83,6 +88,11 @@ def _swap(module: ModuleType, pairs: dict[int, tuple[Any, Any]]) -> None:
         if not name.startswith("_") and id(value) in pairs and pairs[id(value)][0] is value:
             setattr(module, name, pairs[id(value)][1])
             _applied[f"{module.__name__}.{name}"] = value
+    ours = sys.modules.get(MODULES.get(module.__name__, ""))
+    for name in SHARED:  # objects, not classes or functions: matched by name with cadence's module of the same role
+        if name in vars(module) and hasattr(ours, name) and getattr(module, name) is not getattr(ours, name):
+            _applied.setdefault(f"{module.__name__}.{name}", getattr(module, name))
+            setattr(module, name, getattr(ours, name))
     top = sys.modules.get("transformers")
     submodule = module.__name__[len("transformers."):]
     for name, home in getattr(top, "_class_to_module", {}).items():  # the top level is lazy: name -> submodule
@@ -123,6 +133,7 @@ def patch_transformers() -> None:
     ``.trainer_callback``, ``.trainer_utils``, ``.trainer_pt_utils``, ``.trainer_seq2seq`` and
     ``.training_args_seq2seq``, for every name cadence has (``Trainer``, ``TrainingArguments``, ``Seq2Seq*``,
     ``TrainerCallback``, ``TrainerState``, ``TrainerControl``, the callbacks, ``set_seed``, ``EvalPrediction``, ...).
+    Their ``DEFAULT_CALLBACKS`` and module ``logger`` objects become cadence's as well.
     Calling it again does nothing. It sets ``CADENCE_PATCH_TRANSFORMERS=1`` in ``os.environ``: the Python processes
     started afterwards (launchers, workers) patch themselves at start-up, through ``cadence_patch.pth``; a
     transformers ``Trainer`` built anyway in such a process warns once. transformers' callbacks imported before it (``EarlyStoppingCallback``)
