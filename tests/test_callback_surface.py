@@ -105,6 +105,43 @@ def test_stateful_callbacks_restored_in_order(tmp_path):
     assert [(cb.early_stopping_patience, cb.early_stopping_threshold) for cb in restored] == [(5, 0.2), (7, 0.5)]
 
 
+class ArgsOnly(TrainerCallback):
+    """A stateful callback whose ``state()`` holds ``args`` only (transformers' test callback does this)."""
+
+    def __init__(self, tag="default"):
+        self.tag = tag
+
+    def state(self):
+        return {"args": {"tag": self.tag}}
+
+
+def restored_order(out, lib):
+    """The callbacks (class name, tag or patience) after resuming with two stateful callbacks listed first."""
+    import transformers
+
+    exportable = type("ArgsOnly", (ArgsOnly, lib.trainer_callback.ExportableState if lib is transformers
+                                   else cadence.trainer_callback.ExportableState), {})
+    first = [exportable("first"), lib.EarlyStoppingCallback(5, 0.2)]
+    kw = dict(load_best_model_at_end=True, save_strategy="steps", eval_strategy="steps", save_steps=2, eval_steps=2,
+              max_steps=2)
+    trainer_for(out, lib, callbacks=first, **kw).train()
+    resumed = trainer_for(out, lib, callbacks=[lib.EarlyStoppingCallback(), exportable()],
+                          restore_callback_states_from_checkpoint=True, **kw)
+    resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+    return [(type(cb).__name__, getattr(cb, "tag", getattr(cb, "early_stopping_patience", None)))
+            for cb in resumed.callback_handler.callbacks]
+
+
+def test_restored_callbacks_as_transformers(tmp_path):
+    """transformers' tests (test_stateful_mixed_callbacks, test_stateful_duplicate_callbacks): a callback whose
+    ``state()`` has no ``attributes`` is restored, and the restored callbacks end the list, in transformers' order."""
+    import transformers
+
+    ours, theirs = restored_order(str(tmp_path / "a"), cadence), restored_order(str(tmp_path / "b"), transformers)
+    assert ours == theirs
+    assert ours[-2:] == [("ArgsOnly", "first"), ("EarlyStoppingCallback", 5)]
+
+
 @pytest.mark.parametrize("lib_name", ["cadence", "transformers"])
 def test_trainer_control_state_restored_as_transformers(tmp_path, lib_name):
     """transformers' test, run on both: the checkpoint of the last step holds should_training_stop=True, and

@@ -44,9 +44,16 @@ MODULES = {
     "transformers.trainer_pt_utils": "cadence.trainer_pt_utils",
     "transformers.trainer_seq2seq": "cadence.trainer_seq2seq",
     "transformers.training_args_seq2seq": "cadence.training_args_seq2seq",
+    "transformers.trainer_jit_checkpoint": "cadence.trainer_jit_checkpoint",
+    "transformers.trainer_optimizer": "cadence.trainer_optimizer",
 }
 # a module that holds one of these (or a subclass it defines) was built on transformers' Trainer before the patch
 _BASES = (("transformers.trainer", "Trainer"), ("transformers.training_args", "TrainingArguments"))
+
+# module-level objects pointed at cadence's too: the default callback list a library reads to build its own handler,
+# and the module's logger, so code that reads or patches `transformers.trainer.logger` (a test's
+# patch("transformers.trainer.logger.warning")) sees the messages cadence logs
+SHARED = ("DEFAULT_CALLBACKS", "logger")
 
 # set: this process and its children run on cadence; off when unset or one of the usual false words ("0", "false",
 # "no", "off", empty; any case, spaces trimmed), so a child opts out with CADENCE_PATCH_TRANSFORMERS=0
@@ -62,7 +69,11 @@ def _replacements() -> dict[int, tuple[Any, Any]]:
     transformers defines in its trainer modules and cadence has in the module of the same role."""
     pairs: dict[int, tuple[Any, Any]] = {}
     for theirs_name in MODULES:
-        pairs.update(_module_replacements(importlib.import_module(theirs_name)))
+        try:
+            theirs = importlib.import_module(theirs_name)
+        except ModuleNotFoundError:  # not in the installed transformers (4.x has no trainer_jit_checkpoint)
+            continue
+        pairs.update(_module_replacements(theirs))
     return pairs
 
 
@@ -88,6 +99,11 @@ def _swap(module: ModuleType, pairs: dict[int, tuple[Any, Any]]) -> None:
         if not name.startswith("_") and id(value) in pairs and pairs[id(value)][0] is value:
             setattr(module, name, pairs[id(value)][1])
             _applied[f"{module.__name__}.{name}"] = value
+    ours = sys.modules.get(MODULES.get(module.__name__, ""))
+    for name in SHARED:  # objects, not classes or functions: matched by name with cadence's module of the same role
+        if name in vars(module) and hasattr(ours, name) and getattr(module, name) is not getattr(ours, name):
+            _applied.setdefault(f"{module.__name__}.{name}", getattr(module, name))
+            setattr(module, name, getattr(ours, name))
     top = sys.modules.get("transformers")
     submodule = module.__name__[len("transformers."):]
     for name, home in getattr(top, "_class_to_module", {}).items():  # the top level is lazy: name -> submodule
@@ -125,9 +141,11 @@ def patch_transformers() -> None:
     (TRL's trainers and configs, sentence-transformers' trainers, a script's own subclass) are built on cadence.
 
     Patched: ``transformers.<name>`` at the top level and in ``transformers.trainer``, ``.training_args``,
-    ``.trainer_callback``, ``.trainer_utils``, ``.trainer_pt_utils``, ``.trainer_seq2seq`` and
-    ``.training_args_seq2seq``, for every name cadence has (``Trainer``, ``TrainingArguments``, ``Seq2Seq*``,
+    ``.trainer_callback``, ``.trainer_utils``, ``.trainer_pt_utils``, ``.trainer_seq2seq``,
+    ``.training_args_seq2seq``, ``.trainer_jit_checkpoint`` and ``.trainer_optimizer`` (where the installed
+    transformers has them), for every name cadence has (``Trainer``, ``TrainingArguments``, ``Seq2Seq*``,
     ``TrainerCallback``, ``TrainerState``, ``TrainerControl``, the callbacks, ``set_seed``, ``EvalPrediction``, ...).
+    Their ``DEFAULT_CALLBACKS`` and module ``logger`` objects become cadence's as well.
     Calling it again does nothing. It sets ``CADENCE_PATCH_TRANSFORMERS=1`` in ``os.environ``: the Python processes
     started afterwards (launchers, workers) patch themselves at start-up, through ``cadence_patch.pth``; a
     transformers ``Trainer`` built anyway in such a process warns once. transformers' callbacks imported before it (``EarlyStoppingCallback``)
@@ -154,7 +172,8 @@ def patch_transformers() -> None:
             "cadence.patch_transformers() before importing them (first thing in the script), or run the script "
             "with `cadence run SCRIPT` / `cadence run -m MODULE`.")
     for name in MODULES:
-        _swap(sys.modules[name], pairs)
+        if name in sys.modules:
+            _swap(sys.modules[name], pairs)
     if "transformers.trainer.Trainer" in _applied:  # not when the start-up hook has patched it already
         _warn_when_built(_applied["transformers.trainer.Trainer"], "its class was defined on transformers' Trainer "
                          "before cadence.patch_transformers() ran (a reference kept from before the patch)")

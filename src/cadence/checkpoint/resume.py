@@ -373,26 +373,38 @@ def _check_same_optimizer(folder: Path, optimizer: Any, needed: tuple[list[set],
 
 
 def restore_callback_states(handler: Any, control: Any, states: dict) -> tuple[Any, list[str]]:
-    """Rebuild stateful callbacks (and ``TrainerControl``) from ``state.stateful_callbacks``, in place.
+    """Rebuild stateful callbacks (and ``TrainerControl``) from ``state.stateful_callbacks``, as transformers does.
 
-    Each callback whose class name has a saved state is replaced, at the same position, by one
-    built from that state (several of a class are matched in order). Returns the control to use and
-    the names of saved callbacks this run does not have (the Trainer warns about those).
+    Each callback whose class name has a saved state is rebuilt from it (several of a class are matched in order):
+    the saved ``args`` passed to its constructor, then the saved ``attributes`` set on it, either of them allowed
+    to be absent (a user's ``state()`` may return ``args`` only). The rebuilt callbacks leave their places and join
+    the end of the list in the checkpoint's order, where transformers adds them back, so the callbacks run in
+    transformers' order after a resume. Returns the control to use and the names of saved callbacks this run does
+    not have (the Trainer warns about those).
     """
     callbacks = list(handler.callbacks)
-    unmatched = []
+    rebuilt, replaced, unmatched = [], set(), []
     for name, saved in states.items():
         saved = saved if isinstance(saved, list) else [saved]
         if type(control).__name__ == name:
-            control = type(control).from_state(saved[0])
+            control = _rebuild(type(control), saved[0])
             continue
-        positions = [i for i, cb in enumerate(callbacks) if type(cb).__name__ == name]
-        if not positions:
+        matches = [cb for cb in callbacks if type(cb).__name__ == name]
+        if not matches:
             unmatched.append(name)
-        for i, state in zip(positions, saved):
-            callbacks[i] = type(callbacks[i]).from_state(state)
-    handler.callbacks = callbacks
+        for callback, state in zip(matches, saved):
+            replaced.add(id(callback))
+            rebuilt.append(_rebuild(type(callback), state))
+    handler.callbacks = [cb for cb in callbacks if id(cb) not in replaced] + rebuilt
     return control, unmatched
+
+
+def _rebuild(cls: type, state: dict) -> Any:
+    """``cls`` built from one saved ``{"args": ..., "attributes": ...}`` (a missing part counts as empty)."""
+    instance = cls(**state.get("args", {}))
+    for name, value in state.get("attributes", {}).items():
+        setattr(instance, name, value)
+    return instance
 
 
 def find_resume_folder(resume_from_checkpoint: str | os.PathLike | bool, args: Any, barrier: Callable[[], None]) -> Path:
