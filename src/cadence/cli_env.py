@@ -70,25 +70,11 @@ def _hook_state() -> str:
     return f"{installed}; {ENV}={os.environ.get(ENV, '')!r}"
 
 
-def _devices() -> str:
-    import torch
-
-    cpus = os.cpu_count()
-    found = [f"cpu ({cpus} cores, torch uses {torch.get_num_threads()} threads)"]
-    if torch.cuda.is_available():
-        for index in range(torch.cuda.device_count()):
-            properties = torch.cuda.get_device_properties(index)
-            found.append(f"cuda:{index} {properties.name} ({properties.total_memory / 2**30:.0f} GiB)")
-    elif torch.version.cuda:
-        found.append(f"no CUDA device visible (torch is a CUDA {torch.version.cuda} build)")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        found.append("mps")
-    return "; ".join(found)
-
-
 def environment_report() -> str:
     """The report ``cadence env`` prints: one ``- name: value`` line each, ready to paste into an issue."""
     import torch
+
+    from .backend.devices import describe_devices
 
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
     lines = [
@@ -97,7 +83,7 @@ def environment_report() -> str:
         f"python: {platform.python_version()} ({sys.executable})",
         f"platform: {platform.platform()}",
         f"torch: {torch.__version__} ({build} build)",
-        f"devices: {_devices()}",
+        f"devices: {describe_devices()}",
     ]
     for name in ("transformers", *CORE[1:]):
         lines.append(f"{name}: {installed_version(name) or 'not installed'}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import re
 from typing import Any
 
@@ -34,6 +35,21 @@ def bf16_gpu_available() -> bool:
     """Whether the GPU a process trains on without ``use_cpu`` computes in bfloat16 (transformers' test: a CUDA GPU
     whose torch says it supports bfloat16)."""
     return accelerator_available() and torch.cuda.is_bf16_supported()
+
+
+def describe_devices() -> str:
+    """The devices this process can see, in one line (``cadence env``'s report): the CPU's cores and torch's threads,
+    each CUDA GPU with its memory (or why none is visible in a CUDA build), MPS."""
+    found = [f"cpu ({os.cpu_count()} cores, torch uses {torch.get_num_threads()} threads)"]
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            properties = torch.cuda.get_device_properties(index)
+            found.append(f"cuda:{index} {properties.name} ({properties.total_memory / 2**30:.0f} GiB)")
+    elif torch.version.cuda:
+        found.append(f"no CUDA device visible (torch is a CUDA {torch.version.cuda} build)")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        found.append("mps")
+    return "; ".join(found)
 
 
 def default_device(use_cpu: bool = False, local_process_index: int = 0) -> torch.device:
