@@ -264,6 +264,7 @@ class Trainer:
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
         checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
+        self.backend.warn_unused_optimizers(self.optimizer, self.lr_scheduler)
         checks.check_best_save_has_evaluations(args.save_strategy, args.eval_strategy)
         checks.check_best_metric_named(args)
         if args.neftune_noise_alpha:

@@ -16,7 +16,8 @@ import torch
 from ..checkpoint import formats
 from ..checkpoint.deepspeed_files import check_deepspeed_folder, has_tag_file
 
-from .deepspeed import _check_deepspeed_usable, deepspeed_accelerator, deepspeed_config, deepspeed_optimizers
+from .deepspeed import (_check_deepspeed_usable, deepspeed_accelerator, deepspeed_config, deepspeed_optimizers,
+                        unused_given_optimizers)
 from .devices import empty_cache, free_memory
 from .fsdp import _FullyShard, fsdp_plugin
 from .meshes import _accelerate_parallelism, _mesh_sharding, parallelism_layout
@@ -162,6 +163,13 @@ class Backend:
         if self.accelerator is None:
             return model
         return self.accelerator.prepare_model(model)
+
+    def warn_unused_optimizers(self, optimizer: Any, lr_scheduler: Any) -> None:
+        """A warning where ``optimizers=(...)`` given to the Trainer go unused: DeepSpeed builds its config's
+        ``optimizer``/``scheduler`` sections instead (``unused_given_optimizers``)."""
+        reason = None if self.deepspeed is None else unused_given_optimizers(self.deepspeed, optimizer, lr_scheduler)
+        if reason is not None:
+            logger.warning(reason)
 
     def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
                          num_training_steps: int, scheduler_for: Callable[[Any], Any]) -> tuple[torch.nn.Module, Any, Any]:

@@ -118,6 +118,24 @@ def deepspeed_optimizers(config: dict, model: torch.nn.Module, optimizer: torch.
     return optimizer, DummyScheduler(optimizer, lr_scheduler_callable=scheduler_for)
 
 
+def unused_given_optimizers(config: dict, optimizer: Any, lr_scheduler: Any) -> str | None:
+    """Why ``optimizers=(optimizer, lr_scheduler)`` given to the Trainer would go unused under this config, or None:
+    DeepSpeed builds the ``optimizer`` section's optimizer instead of a given one (and then a given scheduler has
+    nothing to drive), and the ``scheduler`` section's scheduler instead of a given one. transformers drops them
+    silently."""
+    unused = []
+    if optimizer is not None and "optimizer" in config:
+        unused.append("optimizer" + (" and scheduler" if lr_scheduler is not None else ""))
+    elif lr_scheduler is not None and "scheduler" in config:
+        unused.append("scheduler")
+    if not unused:
+        return None
+    sections = "/".join(name for name in ("optimizer", "scheduler") if name in config)
+    return (f"the Trainer's given {unused[0]} (optimizers=...) will not be used: the DeepSpeed config's {sections} "
+            f"section(s) make DeepSpeed build its own, as under transformers; remove the section(s) to train with "
+            "yours, or pass none")
+
+
 def _check_deepspeed_usable(args: Any) -> None:
     """A clear error before anything runs, where DeepSpeed itself cannot run the config: its package missing,
     ``use_cpu=True`` while DeepSpeed would pick a GPU, or fp16/bf16 its accelerator has no kernels for.
