@@ -4,11 +4,12 @@ the imports and DeepSpeed's start once), on transformers or on cadence, each wri
     deepspeed_train_worker.py OUT RUNS_JSON
 
 RUNS_JSON is a list of runs, each a dict: ``name`` (its folder under OUT), ``lib`` ("hf" or "cadence"),
-``stage``, ``ga``, ``batch``, optional ``offload`` (ZeRO-Offload of the optimizer to the CPU), ``gather``
+``stage``, ``ga``, ``batch``, optional ``offload`` (ZeRO-Offload of the optimizer to the CPU), ``sections``
+(a list of the config's own sections, "optimizer" and/or "scheduler", their values "auto"), ``gather``
 (``stage3_gather_16bit_weights_on_model_save``), ``resume`` (a checkpoint folder under OUT to resume from). Every run
 trains to step 6 (44 rows, 4 a micro-batch over all processes, 2 micro-batches a step: the sixth step is the
 epoch's last, shorter window of one micro-batch) with a checkpoint at step 3, then ``save_model(OUT/name/final)``;
-rank 0 writes ``OUT/name/result.pt``: the per-step losses and grad norms, the final weights (gathered by the
+rank 0 writes ``OUT/name/result.pt``: the per-step losses, grad norms and learning rates, the final weights (gathered by the
 engine), how far they moved from the initial ones, and whether ``from_pretrained`` reads save_model's
 ``model.safetensors`` as them.
 """
@@ -43,6 +44,13 @@ def deepspeed_config(run):
               "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
     if run.get("offload"):
         config["zero_force_ds_cpu_optimizer"] = False
+    sections = run.get("sections", ())
+    if "optimizer" in sections:  # DeepSpeed builds it: torch's AdamW, no compiled Adam on a CPU
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                           "weight_decay": "auto", "torch_adam": True}}
+    if "scheduler" in sections:
+        config["scheduler"] = {"type": "WarmupDecayLR", "params": {
+            "warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}}
     return config
 
 
@@ -78,6 +86,7 @@ def train(out, run):
     if trainer.is_world_process_zero():
         torch.save({"losses": [h["loss"] for h in logs], "steps": [h["step"] for h in logs],
                     "grad_norms": [float(h["grad_norm"]) for h in logs], "weights": weights,
+                    "learning_rates": [h["learning_rate"] for h in logs],
                     "moved": max((v - start[k]).abs().max().item() for k, v in weights.items()),
                     "reloaded_equal": None}, os.path.join(folder, "result.pt"))
     say(f"DONE {run['name']}")

@@ -85,3 +85,23 @@ def test_refused_only_where_deepspeed_cannot_run_it(tmp_path):
     with pytest.raises(ValueError, match=r"fp16=True under deepspeed=\.\.\.: DeepSpeed's '\w+' accelerator reports no "
                                          r"fp16 support.*remove fp16=True"):
         Trainer(RegressionModel(), args, train_dataset=RegressionDataset())
+
+
+def test_given_optimizers_that_deepspeed_replaces_are_named():
+    """optimizers=(...) beside the config's own sections: DeepSpeed builds those instead (transformers drops the
+    given ones silently); cadence warns, naming what goes unused and which sections replace it."""
+    import torch
+
+    from cadence.backend.deepspeed import unused_given_optimizers
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    both = {"optimizer": AUTO["optimizer"], "scheduler": AUTO["scheduler"]}
+    assert unused_given_optimizers(both, optimizer, scheduler).startswith(
+        "the Trainer's given optimizer and scheduler (optimizers=...) will not be used: the DeepSpeed config's "
+        "optimizer/scheduler section(s)")
+    assert "given scheduler " in unused_given_optimizers({"scheduler": AUTO["scheduler"]}, optimizer, scheduler)
+    assert unused_given_optimizers({"scheduler": AUTO["scheduler"]}, optimizer, None) is None  # DeepSpeed schedules it
+    assert unused_given_optimizers({"zero_optimization": {"stage": 2}}, optimizer, scheduler) is None
+    assert unused_given_optimizers(both, None, None) is None

@@ -4,8 +4,9 @@ epoch of 44, so the sixth step is the epoch's last, shorter window (one micro-ba
 checkpoint at step 3 that a second run resumes from.
 
 Two launches serve every check (deepspeed_train_worker.py runs several trainings in one process): one process
-(transformers' references and cadence's ZeRO-1, ZeRO-2, ZeRO-2 with optimizer offload, and a resume of a
-transformers-written checkpoint) and two processes under torchrun (cadence's ZeRO-2 and ZeRO-3).
+(transformers' references and cadence's ZeRO-1, ZeRO-2, ZeRO-2 with optimizer offload, ZeRO-2 with the config's
+own optimizer and/or scheduler sections, and a resume of a transformers-written checkpoint) and two processes under
+torchrun (cadence's ZeRO-2 and ZeRO-3).
 
 Tolerances. On one process, cadence and transformers run the same DeepSpeed operations in the same order: the
 weights and grad norms are equal bit for bit, the logged losses to 1e-6 (transformers adds the step's float32
@@ -31,6 +32,9 @@ pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
 
 
+BOTH = ["optimizer", "scheduler"]
+
+
 def run(name, lib, stage, batch=4, **extra):
     return {"name": name, "lib": lib, "stage": stage, "ga": 2, "batch": batch, **extra}
 
@@ -42,6 +46,11 @@ ONE = [
     run("hfo", "hf", 2, offload=True), run("cdo", "cadence", 2, offload=True),
     run("cdor", "cadence", 2, offload=True, resume="cdo/checkpoint-3"),
     run("hf3", "hf", 3, gather=True), run("hf3n", "hf", 3),  # two-process references, save_model's files
+    # the config's own optimizer and scheduler sections, which DeepSpeed builds: both, or one beside the arguments'
+    run("hfs", "hf", 2, sections=BOTH), run("cds", "cadence", 2, sections=BOTH),
+    run("cdsr", "cadence", 2, sections=BOTH, resume="cds/checkpoint-3"),
+    run("hfso", "hf", 2, sections=["optimizer"]), run("cdso", "cadence", 2, sections=["optimizer"]),
+    run("hfss", "hf", 2, sections=["scheduler"]), run("cdss", "cadence", 2, sections=["scheduler"]),
 ]
 TWO = [  # 2 processes x 2 rows: the global batch of ONE's 4 rows
     run("cd2", "cadence", 2, batch=2), run("cd2r", "cadence", 2, batch=2, resume="cd2/checkpoint-3"),
@@ -87,16 +96,27 @@ def test_one_process_trains_as_transformers(one, hf, cd):
     assert results[hf]["moved"] > 1e-3  # the runs trained: the weights moved from the initial model's
 
 
+@pytest.mark.parametrize("hf,cd", [("hfs", "cds"), ("hfso", "cdso"), ("hfss", "cdss")])
+def test_config_optimizer_and_scheduler_sections_train_as_transformers(one, hf, cd):
+    """DeepSpeed builds the optimizer and/or the schedule from the config's sections, their "auto" values filled
+    from the arguments; the engine steps the schedule, so the rate logged after a step is the next one's."""
+    _, results = one
+    assert_same_run(results[cd], results[hf])
+    assert results[cd]["learning_rates"] == results[hf]["learning_rates"]
+    assert len(set(results[hf]["learning_rates"])) > 2 and results[hf]["moved"] > 1e-3  # scheduled, trained
+
+
 @pytest.mark.parametrize("hf,cd", [("hf2", "cd2"), ("hf3", "cd3"), ("hf3n", "cd3n")])
 def test_two_processes_train_as_transformers_on_one(one, two, hf, cd):
     assert_same_run(two[1][cd], one[1][hf], weights_atol=5e-5)
 
 
-@pytest.mark.parametrize("unbroken,resumed", [("cd1", "cd1r"), ("cd2", "cd2r"), ("cdo", "cdor")])
+@pytest.mark.parametrize("unbroken,resumed", [("cd1", "cd1r"), ("cd2", "cd2r"), ("cdo", "cdor"), ("cds", "cdsr")])
 def test_one_process_resumes_bit_identical(one, unbroken, resumed):
     _, results = one
     assert results[resumed]["steps"] == [1, 2, 3, 4, 5, 6]  # the resumed run's log history holds the first 3 too
     assert results[resumed]["losses"] == results[unbroken]["losses"]
+    assert results[resumed]["learning_rates"] == results[unbroken]["learning_rates"]
     for name, value in results[unbroken]["weights"].items():
         assert torch.equal(results[resumed]["weights"][name], value), name
 

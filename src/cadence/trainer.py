@@ -264,6 +264,7 @@ class Trainer:
         if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
         checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
+        self.backend.warn_unused_optimizers(self.optimizer, self.lr_scheduler)
         checks.check_best_save_has_evaluations(args.save_strategy, args.eval_strategy)
         checks.check_best_metric_named(args)
         if args.neftune_noise_alpha:
@@ -550,6 +551,15 @@ class Trainer:
             self._created_lr_scheduler = True  # so the next train() builds a fresh one (as transformers)
         return self.lr_scheduler
 
+    def _new_scheduler(self, num_training_steps: int, optimizer: Any):
+        """The arguments' schedule (``create_scheduler``, a subclass's included) on ``optimizer``, leaving the
+        Trainer's own as it is (transformers' way of scheduling DeepSpeed's optimizer)."""
+        kept, self.lr_scheduler = self.lr_scheduler, None
+        try:
+            return self.create_scheduler(num_training_steps, optimizer)
+        finally:
+            self.lr_scheduler = kept
+
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         self.create_optimizer()
         self.create_scheduler(num_training_steps, self.optimizer)
@@ -773,7 +783,10 @@ class Trainer:
         if self._created_lr_scheduler:  # a finished schedule would train at its last rate (often 0)
             self.lr_scheduler, self._created_lr_scheduler = None, False
         self.create_optimizer_and_scheduler(max_steps)
-        model = self.model_wrapped = self.backend.prepare_model(self.model, self.optimizer)
+        # under DeepSpeed with optimizer/scheduler sections in its config, the engine's own replace them
+        model, self.optimizer, self.lr_scheduler = self.backend.prepare_training(
+            self.model, self.optimizer, self.lr_scheduler, max_steps, functools.partial(self._new_scheduler, max_steps))
+        self.model_wrapped = model
 
         self.state = TrainerState(
             is_local_process_zero=self.state.is_local_process_zero,

@@ -1,8 +1,8 @@
 """The only package that knows how processes and devices are run (accelerate over torch.distributed).
 
-The loop asks verbs (``prepare_model``, ``no_sync``, ``autocast``, ``backward``, ``clip_grad_norm``,
-``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``, and for checkpoints
-``model_state_dict``, ``optimizer_state_dict``, ``load_model_weights``, ``load_optimizer_state``) and never
+The loop asks verbs (``prepare_model``, ``prepare_training``, ``no_sync``, ``autocast``, ``backward``,
+``clip_grad_norm``, ``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``, and
+for checkpoints ``model_state_dict``, ``optimizer_state_dict``, ``load_model_weights``, ``load_optimizer_state``) and never
 asks which engine is underneath; ``pin_memory``, ``empty_cache`` and ``free_memory`` answer for its device. Code
 with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks this module's functions instead:
 ``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``, ``peak_flops``,

@@ -16,7 +16,8 @@ import torch
 from ..checkpoint import formats
 from ..checkpoint.deepspeed_files import check_deepspeed_folder, has_tag_file
 
-from .deepspeed import _check_deepspeed_usable, deepspeed_accelerator, deepspeed_config
+from .deepspeed import (_check_deepspeed_usable, deepspeed_accelerator, deepspeed_config, deepspeed_optimizers,
+                        unused_given_optimizers)
 from .devices import empty_cache, free_memory
 from .fsdp import _FullyShard, fsdp_plugin
 from .meshes import _accelerate_parallelism, _mesh_sharding, parallelism_layout
@@ -52,11 +53,6 @@ class Backend:
         if args.deepspeed:
             _check_deepspeed_usable(args)
             self.deepspeed = deepspeed_config(args)
-            if "optimizer" in self.deepspeed or "scheduler" in self.deepspeed:
-                raise ValueError(
-                    "the DeepSpeed config has an optimizer/scheduler section: cadence builds both from TrainingArguments "
-                    "(optim, learning_rate, lr_scheduler_type, ...) and DeepSpeed wraps them; remove those sections"
-                )
         if self.deepspeed is not None:  # on one process too: the engine partitions the optimizer state
             self.accelerator = _end_at_exit_if_started(
                 lambda: deepspeed_accelerator(self.deepspeed, _process_group_options(args)))
@@ -167,6 +163,37 @@ class Backend:
         if self.accelerator is None:
             return model
         return self.accelerator.prepare_model(model)
+
+    def warn_unused_optimizers(self, optimizer: Any, lr_scheduler: Any) -> None:
+        """A warning where ``optimizers=(...)`` given to the Trainer go unused: DeepSpeed builds its config's
+        ``optimizer``/``scheduler`` sections instead (``unused_given_optimizers``)."""
+        reason = None if self.deepspeed is None else unused_given_optimizers(self.deepspeed, optimizer, lr_scheduler)
+        if reason is not None:
+            logger.warning(reason)
+
+    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+                         num_training_steps: int, scheduler_for: Callable[[Any], Any]) -> tuple[torch.nn.Module, Any, Any]:
+        """``prepare_model`` for ``train()``, with the optimizer and the scheduler the loop then drives: the given
+        ones, or, under DeepSpeed whose config has an ``optimizer`` or ``scheduler`` section, the engine's, built as
+        transformers has them built (``deepspeed_optimizers``). The engine steps those itself at the window's end
+        inside ``backward``, so their ``step()`` does nothing in the loop, and the learning rate they report after
+        the step is the next step's (as transformers logs it under DeepSpeed).
+
+        Args:
+            model, optimizer, lr_scheduler: the module and the arguments' optimizer and schedule.
+            num_training_steps: the run's optimizer steps (the config's "auto" scheduler steps are filled from it).
+            scheduler_for: builds the arguments' schedule on another optimizer (the engine's, when the config has an
+                optimizer section and no scheduler section).
+        """
+        if self.deepspeed is None or not {"optimizer", "scheduler"} & self.deepspeed.keys():
+            return self.prepare_model(model, optimizer), optimizer, lr_scheduler
+        if self.engine is None:
+            self.autocast_forward(model)
+            config = deepspeed_config(self._args, model, num_training_steps)
+            self.accelerator.state.deepspeed_plugin.deepspeed_config.update(config)
+            engine_optimizer, engine_scheduler = deepspeed_optimizers(config, model, optimizer, scheduler_for)
+            self.engine, *self._engine_optimizers = self.accelerator.prepare(model, engine_optimizer, engine_scheduler)
+        return self.engine, *self._engine_optimizers
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The user's module: without the DDP wrapper, and without torch.compile's (``_orig_mod``) if given one."""

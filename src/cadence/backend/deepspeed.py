@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -100,6 +100,40 @@ def deepspeed_config(args: Any, model: torch.nn.Module | None = None, num_traini
         elif dotted.startswith("scheduler") and num_training_steps is not None:
             section[key] = value(hidden, num_training_steps, args)
     return config
+
+
+def deepspeed_optimizers(config: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         scheduler_for: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """What accelerate's ``prepare`` gets beside the model for a config with ``optimizer``/``scheduler`` sections, as
+    transformers passes them: accelerate's placeholders, from which DeepSpeed builds the section's optimizer (over
+    every trainable parameter, weight decay on all, as the section says) and the section's scheduler; the arguments'
+    optimizer where the config has no optimizer section; the arguments' schedule (``scheduler_for``) on DeepSpeed's
+    optimizer where it has no scheduler section. The engine steps whichever scheduler it gets."""
+    from accelerate.utils import DummyOptim, DummyScheduler
+
+    if "optimizer" in config:
+        optimizer = DummyOptim(params=[p for p in model.parameters() if p.requires_grad])
+    if "scheduler" in config:
+        return optimizer, DummyScheduler(optimizer)
+    return optimizer, DummyScheduler(optimizer, lr_scheduler_callable=scheduler_for)
+
+
+def unused_given_optimizers(config: dict, optimizer: Any, lr_scheduler: Any) -> str | None:
+    """Why ``optimizers=(optimizer, lr_scheduler)`` given to the Trainer would go unused under this config, or None:
+    DeepSpeed builds the ``optimizer`` section's optimizer instead of a given one (and then a given scheduler has
+    nothing to drive), and the ``scheduler`` section's scheduler instead of a given one. transformers drops them
+    silently."""
+    unused = []
+    if optimizer is not None and "optimizer" in config:
+        unused.append("optimizer" + (" and scheduler" if lr_scheduler is not None else ""))
+    elif lr_scheduler is not None and "scheduler" in config:
+        unused.append("scheduler")
+    if not unused:
+        return None
+    sections = "/".join(name for name in ("optimizer", "scheduler") if name in config)
+    return (f"the Trainer's given {unused[0]} (optimizers=...) will not be used: the DeepSpeed config's {sections} "
+            f"section(s) make DeepSpeed build its own, as under transformers; remove the section(s) to train with "
+            "yours, or pass none")
 
 
 def _check_deepspeed_usable(args: Any) -> None:
