@@ -71,6 +71,7 @@ def main():
     first.save_checkpoint(real)  # latest -> global_step3/{mp_rank_00_model_states.pt, zero_pp_rank_0_..._optim_states.pt}
     saved = weights(first)
     backend = Backend(TrainingArguments(os.path.join(root, "out"), use_cpu=True, report_to="none"))
+    backend.deepspeed = {"zero_optimization": {"stage": 2}}  # what a DeepSpeed run's Backend holds
 
     # the genuine checkpoint resumes through cadence's check and the engine, weights exact
     backend.engine = engine(1)

@@ -481,7 +481,8 @@ class Backend:
         ``model.safetensors`` if it has one, and else not at all: the engine's full load at the resume
         (:meth:`load_optimizer_state`) restores the weights with the optimizer (ZeRO-3 writes no consolidated
         weights without ``stage3_gather_16bit_weights_on_model_save``)."""
-        deepspeed_files = self.deepspeed is not None and has_tag_file(folder)  # latest, or latest_universal
+        # latest, or latest_universal: DeepSpeed's files, read by an engine (checked first) whenever one exists
+        deepspeed_files = (self.deepspeed is not None or self.engine is not None) and has_tag_file(folder)
         if deepspeed_files and self.engine is not None:
             check_deepspeed_folder(folder)  # DeepSpeed unpickles its files with weights_only=False: checked first
             self.engine.load_checkpoint(str(folder), load_module_only=True)
