@@ -6,32 +6,21 @@ import errno
 import os
 
 import pytest
+from test_checkpoint_write_errors import Unwritable
 from test_resume import train
 
-from cadence import TrainerCallback
 from cadence.checkpoint.formats import LOOP_STATE_NAME, CorruptCheckpointError
 from cadence.checkpoint.manifest import MANIFEST_NAME
 
 
-class ReadOnlyDisk(TrainerCallback):
+class ReadOnlyDisk(Unwritable):
     """From the end of step ``step`` nothing under ``out`` can be renamed or deleted, as on a disk remounted
     read-only (patched: as root, chmod stops nothing): the save fails at its rename and its staging folder stays."""
 
-    def __init__(self, out, step, monkeypatch):
-        self.out, self.step, self.monkeypatch = str(out), step, monkeypatch
+    error = (OSError, errno.EROFS, "Read-only file system")
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step != self.step:
-            return
-        for name in ("replace", "rename", "unlink", "rmdir"):
-            real = getattr(os, name)
-
-            def refused(path, *a, _real=real, **kw):
-                if str(path).startswith(self.out) or kw.get("dir_fd") is not None:  # rmtree works by dir_fd
-                    raise OSError(errno.EROFS, "Read-only file system", str(path))
-                return _real(path, *a, **kw)
-
-            self.monkeypatch.setattr(os, name, refused)
+    def refuses(self, path, kw) -> bool:
+        return super().refuses(path, kw) or kw.get("dir_fd") is not None  # rmtree works by dir_fd
 
 
 def test_a_staging_folder_left_by_a_read_only_disk_is_named(tmp_path, monkeypatch):

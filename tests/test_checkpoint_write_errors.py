@@ -82,18 +82,24 @@ class Unwritable(TrainerCallback):
     (``os.replace``/``os.unlink`` patched: as root, chmod stops nothing). The save of that step fails at its rename,
     and the lock's release cannot delete ``cadence.lock``."""
 
+    error = (PermissionError, errno.EACCES, "Permission denied")  # what the refused calls raise
+
     def __init__(self, out, step, monkeypatch):
         self.out, self.step, self.monkeypatch = str(out), step, monkeypatch
+
+    def refuses(self, path, kw) -> bool:
+        return str(path).startswith(self.out)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step != self.step:
             return
+        kind, number, text = self.error
         for name in ("replace", "rename", "unlink", "rmdir"):
             real = getattr(os, name)
 
             def refused(path, *a, _real=real, **kw):
-                if str(path).startswith(self.out):
-                    raise PermissionError(errno.EACCES, "Permission denied", str(path))
+                if self.refuses(path, kw):
+                    raise kind(number, text, str(path))
                 return _real(path, *a, **kw)
 
             self.monkeypatch.setattr(os, name, refused)
