@@ -10,6 +10,7 @@ import sys
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
+from dist_exit import finish_at_exit  # noqa: E402  (and a worker that aborts prints its Python stacks)
 from tiny import RegressionDataset, RegressionModel  # noqa: E402
 
 from cadence import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
@@ -28,6 +29,7 @@ def main(out_file: str) -> None:
     import optuna
 
     torch.set_num_threads(1)
+    finish_at_exit()  # cadence ends the process group it started; the test checks it did, and no teardown abort
     args = TrainingArguments(out_file + ".d", per_device_train_batch_size=4, num_train_epochs=3, eval_strategy="steps",
                              eval_steps=2, save_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=True)
     record = Record()
