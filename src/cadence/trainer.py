@@ -367,76 +367,17 @@ class Trainer:
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
         """The training sampler: shuffled per epoch (``EpochSampler``), in order, or grouped by length."""
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if data.is_iterable_dataset(dataset):
-            return None
-        args = self.args
-        seed = args.data_seed if args.data_seed is not None else args.seed
-        if args.train_sampling_strategy == "group_by_length":
-            names = getattr(self.processing_class, "model_input_names", None)
-            lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
-            global_batch = self._batch_layout(args).global_batch
-            return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=self.backend.data_parallel_rank,
-                                             world_size=self.backend.data_parallel_size)
-        if args.train_sampling_strategy == "batch_rebalance":  # micro-batches of balanced cost: a batch sampler
-            names = getattr(self.processing_class, "model_input_names", None)
-            lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
-            return data.BatchRebalanceSampler(lengths, self._batch_layout(args).global_batch,
-                                              self.backend.data_parallel_size, args.gradient_accumulation_steps,
-                                              seed=seed, rank=self.backend.data_parallel_rank,
-                                              drop_last=args.dataloader_drop_last)
-        shuffle = args.train_sampling_strategy != "sequential"
-        # one share per data-parallel rank: the processes of a tensor-parallel group read the same batches
-        return data.EpochSampler(len(dataset), shuffle, seed, self.backend.data_parallel_rank, self.backend.data_parallel_size)
+        names = getattr(self.processing_class, "model_input_names", None)
+        return data.train_sampler(train_dataset if train_dataset is not None else self.train_dataset, self.args,
+                                  names[0] if names else "input_ids", self._batch_layout(self.args).global_batch,
+                                  self.backend.data_parallel_rank, self.backend.data_parallel_size)
 
     def _dataloader(self, dataset: Any, batch_size: int, description: str | None = None,
                     sampler: torch.utils.data.Sampler | None = None, evaluation: bool = False) -> DataLoader:
-        """A DataLoader over ``dataset``: evaluation in dataset order over processes, training with ``sampler``
-        (None, as ``_get_train_sampler`` gives for a stream: the DataLoader's own order, as transformers)."""
-        args = self.args
+        """A DataLoader over ``dataset`` without its unused columns (``data.build_dataloader``)."""
         dataset, collate_fn = self._columns_for(dataset, description)
-        # a bad row (None, text) named by its dataset and index, not by torch's collate or the model's forward
-        collate_fn = data.NamedRows(collate_fn, None if data.is_iterable_dataset(dataset) else dataset, description)
-        kwargs: dict[str, Any] = dict(
-            batch_size=batch_size,
-            collate_fn=collate_fn,
-            num_workers=args.dataloader_num_workers,
-            pin_memory=self.backend.pin_memory(args.dataloader_pin_memory),
-            drop_last=args.dataloader_drop_last,
-        )
-        if args.dataloader_num_workers > 0:  # python/numpy/torch seeded per worker and process: runs repeat
-            kwargs.update(worker_init_fn=functools.partial(data.init_worker, num_workers=args.dataloader_num_workers,
-                                                           rank=args.process_index,
-                                                           ignore_stop_signals=args.enable_jit_checkpoint),
-                          persistent_workers=args.dataloader_persistent_workers,
-                          prefetch_factor=args.dataloader_prefetch_factor,
-                          multiprocessing_context=args.dataloader_multiprocessing_context,
-                          in_order=args.dataloader_in_order)
-        if evaluation and data.is_iterable_dataset(dataset) and args.world_size > 1:
-            raise ValueError(
-                f"{description or 'evaluation'} on an iterable dataset with {args.world_size} processes is not supported: "
-                "its last, padded batch cannot be told from real rows, so metrics would count some rows twice; "
-                "pass a map-style dataset (with __len__) or evaluate on one process"
-            )
-        if data.is_iterable_dataset(dataset) and args.world_size > 1:  # each process its share of a stream
-            dataset = data.IterableShard(dataset, batch_size, self.backend.data_parallel_rank,
-                                         self.backend.data_parallel_size, args.dataloader_drop_last)
-        if evaluation and sampler is None and not data.is_iterable_dataset(dataset):  # dataset order over processes
-            kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, self.backend.data_parallel_rank,
-                                                            self.backend.data_parallel_size, kwargs.pop("drop_last"))
-            del kwargs["batch_size"]
-        elif isinstance(sampler, data.BatchRebalanceSampler):  # it makes the (variable-size) batches itself
-            kwargs["batch_sampler"] = sampler
-            del kwargs["batch_size"], kwargs["drop_last"]
-        elif sampler is not None and not evaluation and self.backend.data_parallel_size > 1 and not isinstance(
-                sampler, data.EpochSampler):  # a subclass's own sampler: each rank its batches, as accelerate deals them
-            kwargs["batch_sampler"] = data.shard_sampler(sampler, batch_size, kwargs.pop("drop_last"),
-                                                         self.backend.data_parallel_rank,
-                                                         self.backend.data_parallel_size, self.accelerator.even_batches)
-            del kwargs["batch_size"]
-        elif sampler is not None:
-            kwargs["sampler"] = sampler
-        return data.TrainerDataLoader(dataset, num_processes=args.world_size, **kwargs)
+        return data.build_dataloader(dataset, collate_fn, batch_size, self.args, self.backend, description, sampler,
+                                     evaluation, even_batches=lambda: self.accelerator.even_batches)
 
     def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
         """The evaluation sampler; None (transformers' choice on several processes) means cadence's evaluation

@@ -17,8 +17,9 @@
   batches dropped (``skip_stream``). The checkpoint code saves and restores the position.
 
 Modules, each importing only the ones before it: ``counting`` (items, tokens, micro-batches), ``collators``,
-``loaders`` (``TrainerDataLoader``, the one-batch look-ahead), ``columns``, ``samplers``, ``streams``, ``resume``
-(resume skipping). Every name is importable from ``cadence.data``.
+``loaders`` (``TrainerDataLoader``, the one-batch look-ahead), ``columns``, ``samplers``, ``streams``,
+``dataloaders`` (the Trainer's samplers and DataLoaders from its arguments), ``resume`` (resume skipping, the start
+of an epoch). Every name is importable from ``cadence.data``.
 """
 
 from torch.utils.data import DataLoader, Dataset  # noqa: F401 - in __all__, as data.py had them
@@ -44,6 +45,7 @@ from .samplers import (  # noqa: F401
 from .streams import (  # noqa: F401
     IterableDatasetShard, IterableShard,
 )
+from .dataloaders import build_dataloader, train_sampler  # noqa: F401
 from .resume import (  # noqa: F401
     content_sample, SavedState, set_epoch, skip_stream, skips_by_reading, stateful_stream,
 )
