@@ -836,38 +836,24 @@ class Trainer:
 
     def _begin_epoch(self, train_dataloader: DataLoader, epoch: int, resume: ResumePoint | None, loop: LoopState):
         """Order the epoch's data (after a resume: without the batches already trained), fire
-        ``on_epoch_begin`` and return the batch iterator; ``loop``'s position is set to the epoch's start."""
-        skip = resume.skip_batches if resume is not None else 0  # trained batches: never loaded again
+        ``on_epoch_begin`` and return the batch iterator (``data.epoch_batches``); ``loop``'s position is set to
+        the epoch's start."""
         # a subclass's get_resumed_dataloader (transformers 5.25) alone skips the trained batches, from the whole epoch
         own_skip = None
         if resume is not None and type(self).get_resumed_dataloader is not Trainer.get_resumed_dataloader:
-            own_skip, skip = self.get_resumed_dataloader, 0
-        loop.epoch, loop.batches_in_epoch = epoch, skip if own_skip is None else resume.trained_batches
-        stream = not has_length(train_dataloader)
-        data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size, skip_batches=skip)
+            own_skip = self.get_resumed_dataloader
+        loop.epoch = epoch
+        loop.batches_in_epoch = 0 if resume is None else resume.trained_batches if own_skip else resume.skip_batches
 
         def begin_epoch() -> None:
             self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)
 
-        if resume is not None:  # the RNGs, and a stream's state, restored where the saving run was
-            batches = resume.start_epoch(train_dataloader, begin_epoch, own_skip)
-        else:
-            begin_epoch()
-            batches = iter(train_dataloader)
-        # one batch collated ahead, as transformers' dataloader; the RNGs it was drawn from kept only where a
-        # checkpoint may be written and the main process collates (a resume then draws it again from them)
+        # the RNGs each pending batch was drawn from, kept only where a checkpoint may be written and the main process
+        # collates (a resume then draws it again from them)
         keep = (self.args.save_strategy != "no" or self.args.enable_jit_checkpoint) and not self.args.dataloader_num_workers
-        stream = data.stateful_stream(train_dataloader)  # its position before the pending batch, always (cheap)
-
-        def capture() -> dict:
-            return {"rng": capture_rng_state(self.args.world_size) if keep else None,
-                    "stream": None if stream is None else stream.state_dict()}
-
-        inside = resume is not None and (resume.skip_batches or resume.trained_batches)  # a pending batch was saved
-        look_ahead = (resume.rng or {}).get("look_ahead") if inside else None
-        replay = None if look_ahead is None else (lambda: restore_rng_state(look_ahead),
-                                                  lambda: restore_rng_state(resume.rng))
-        loop.batches = data.LookAhead(batches, capture if keep or stream is not None else None, replay)
+        capture = functools.partial(capture_rng_state, self.args.world_size) if keep else None
+        loop.batches = data.epoch_batches(train_dataloader, epoch, begin_epoch, self.args.train_batch_size, resume,
+                                          own_skip, capture, restore_rng_state)
         return loop.batches
 
     def _window_items(self, window: list) -> torch.Tensor | None:

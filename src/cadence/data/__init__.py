@@ -47,7 +47,8 @@ from .streams import (  # noqa: F401
 )
 from .dataloaders import build_dataloader, train_sampler  # noqa: F401
 from .resume import (  # noqa: F401
-    content_sample, SavedState, set_epoch, skip_stream, skips_by_reading, stateful_stream,
+    content_sample, epoch_batches, resumed_epoch, SavedState, set_epoch, skip_stream, skips_by_reading,
+    stateful_stream,
 )
 
 __all__ = [
