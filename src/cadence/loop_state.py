@@ -1,5 +1,5 @@
 """The state of one ``train()`` call's loop: where the data is, what was summed since the last log,
-and the per-step values the loop's helpers share.
+the per-step values the loop's helpers share, and the run's final metrics (``train_loss``, speed, FLOPs).
 
 ``LoopState`` is what a checkpoint keeps of the loop (``loop_state.json``, through ``state_dict``),
 so a resumed run logs exactly what an unbroken one logs; everything else on it lives only for the
@@ -9,6 +9,7 @@ out from the per-device batch, the accumulation and the number of processes.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -17,7 +18,9 @@ from typing import Any, Callable
 import torch
 
 from . import data
-from .trainer_utils import has_length
+from .trainer_utils import estimate_mfu, has_length, speed_metrics
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,54 @@ class LoopState:
         for inputs in window:
             self.tokens.add(inputs)
             self.flos += floating_point_ops(inputs)
+
+    def store_counts(self, state: Any) -> None:
+        """Tokens and FLOPs of all processes into ``state`` (a host sync: only when logging or saving)."""
+        counted = int(self.backend.reduce_sum_data_parallel(self.tokens.total(self.backend.device)).item())
+        # added, not assigned: a subclass's own additions to the state (TRL's GRPO counts its tokens) are kept
+        state.num_input_tokens_seen += counted - self.tokens_stored
+        self.tokens_stored = counted
+        flos = torch.tensor(self.flos, dtype=torch.float64, device=self.backend.device)
+        state.total_flos = self.initial_total_flos + self.backend.reduce_sum_data_parallel(flos).item()
+
+    def final_metrics(self, state: Any, total_train_batch_size: int, count_tokens: bool,
+                      world_size: int) -> tuple[float, dict[str, Any]]:
+        """The run's ``train_loss`` and its ``train_*`` metrics, once the run ended (the last interval closed and
+        the counts stored into ``state``, the ``TrainerState``).
+
+        Args:
+            state: the run's ``TrainerState``.
+            total_train_batch_size: samples per optimizer step over all processes.
+            count_tokens: report ``train_tokens_per_second`` (``include_num_input_tokens_seen``).
+            world_size: processes (for the MFU).
+
+        Returns:
+            ``(train_loss, metrics)``: the mean loss over the run's finite steps (after a resume from a checkpoint
+            without cadence's sums: this call's steps), and runtime, speed, ``total_flos``, ``train_mfu`` (on GPUs
+            of known peak), ``train_loss`` and the skipped or non-finite step counts when there were any.
+        """
+        self.close_interval()  # the steps since the last log count in train_loss
+        self.store_counts(state)
+        steps, bad = max(state.global_step - self.first_step, 1), self.nonfinite_total
+        train_loss = self.mean(self.total, steps, bad)  # over the finite steps
+        if bad == steps:
+            logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
+        steps = state.global_step - self.resumed_step  # speed counts this call's steps only
+        tokens = state.num_input_tokens_seen - self.initial_num_input_tokens_seen
+        metrics = speed_metrics("train", self.start_time, num_samples=steps * total_train_batch_size, num_steps=steps,
+                                num_tokens=tokens if count_tokens else None)
+        metrics["total_flos"] = state.total_flos
+        mfu = estimate_mfu(state.total_flos - self.initial_total_flos, metrics["train_runtime"], self.backend.device,
+                           world_size)
+        if mfu is not None:  # on GPUs of known peak only
+            metrics["train_mfu"] = mfu
+        metrics["train_loss"] = train_loss
+        skipped = self.skipped_total + self.skipped
+        if skipped:
+            metrics["train_skipped_optimizer_steps"] = skipped
+        if bad:
+            metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
+        return train_loss, metrics
 
     def state_dict(self) -> dict[str, Any]:
         """Plain numbers (a float64 goes through JSON exactly); sums over processes (a collective)."""

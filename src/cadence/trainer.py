@@ -58,7 +58,6 @@ from .trainer_utils import (
     PredictionOutput,
     TrainOutput,
     enable_full_determinism,
-    estimate_mfu,
     has_length,
     set_seed,
     speed_metrics,
@@ -942,7 +941,7 @@ class Trainer:
         loop = self._loop
         self._collect_save(wait=False)  # a background save written since: on_save now (its error: raised now)
         if self.control.should_log or self.control.should_save:
-            self._store_counts(loop)
+            loop.store_counts(self.state)
         if self.control.should_log and self.state.global_step > loop.last_logged_step:
             interval_loss, bad = loop.close_interval()  # the one host sync of a log
             steps = self.state.global_step - loop.last_logged_step
@@ -1022,39 +1021,10 @@ class Trainer:
             self.state.best_global_step = self.state.global_step
         return True
 
-    def _store_counts(self, loop: LoopState) -> None:
-        """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
-        counted = int(self.backend.reduce_sum_data_parallel(loop.tokens.total(self.backend.device)).item())
-        # added, not assigned: a subclass's own additions to the state (TRL's GRPO counts its tokens) are kept
-        self.state.num_input_tokens_seen += counted - loop.tokens_stored
-        loop.tokens_stored = counted
-        flos = torch.tensor(loop.flos, dtype=torch.float64, device=self.backend.device)
-        self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum_data_parallel(flos).item()
-
     def _finish_training(self, loop: LoopState) -> TrainOutput:
         self._collect_save(wait=True, reason="train() returns")  # every checkpoint complete, its on_save fired
-        loop.close_interval()  # the steps since the last log count in train_loss
-        self._store_counts(loop)
-        steps, bad = max(self.state.global_step - loop.first_step, 1), loop.nonfinite_total
-        train_loss = loop.mean(loop.total, steps, bad)  # over the finite steps
-        if bad == steps:
-            logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
-        steps = self.state.global_step - loop.resumed_step  # speed counts this call's steps only
-        num_samples = steps * self.get_total_train_batch_size(self.args)
-        tokens = self.state.num_input_tokens_seen - loop.initial_num_input_tokens_seen
-        metrics = speed_metrics("train", loop.start_time, num_samples=num_samples, num_steps=steps,
-                                num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
-        metrics["total_flos"] = self.state.total_flos
-        mfu = estimate_mfu(self.state.total_flos - loop.initial_total_flos, metrics["train_runtime"],
-                           self.backend.device, self.args.world_size)
-        if mfu is not None:  # on GPUs of known peak only
-            metrics["train_mfu"] = mfu
-        metrics["train_loss"] = train_loss
-        skipped = loop.skipped_total + loop.skipped
-        if skipped:
-            metrics["train_skipped_optimizer_steps"] = skipped
-        if bad:
-            metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
+        train_loss, metrics = loop.final_metrics(self.state, self.get_total_train_batch_size(self.args),
+                                                 self.args.include_num_input_tokens_seen != "no", self.args.world_size)
         self._memory_tracker.stop_and_update_metrics("train", metrics)
         jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, signals.JITCheckpointCallback)), None)
         self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
@@ -1809,7 +1779,7 @@ class Trainer:
         (every process calls it). cadence's loop does it at each log, save and at the end of ``train()``; an
         override of ``_maybe_log_save_evaluate`` that logs itself calls this, as in transformers."""
         if self.is_in_train and self._loop is not None:
-            self._store_counts(self._loop)
+            self._loop.store_counts(self.state)
 
     def get_num_trainable_parameters(self) -> int:
         """Elements of the parameters that require a gradient."""
