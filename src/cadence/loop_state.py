@@ -104,8 +104,7 @@ class LoopState:
         self.start_time = time.time()
         self.params: list[torch.nn.Parameter] = []  # read once, used every step (frozen ones have no grad)
         self.skipped = self.skipped_total = 0  # optimizer steps fp16 loss scaling skipped (inf/NaN gradients)
-        # count items only where the count changes the result: accumulation or several processes
-        self.count_items = layout is not None and (layout.gradient_accumulation_steps > 1 or layout.world_size > 1)
+        self.count_items = False  # whether each step's items are counted (loss.counts_items decides)
         self.micro_batch_rows: int | None = None  # auto_find_batch_size: each batch cut into pieces of this many rows
         self.micro_batches = 0  # micro-batches of the current step
         self.items: torch.Tensor | None = None  # items of the current step over all processes (None: not counted)

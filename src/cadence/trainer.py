@@ -197,7 +197,7 @@ class Trainer:
 
         # what the model's loss does with labels, read once
         self.label_smoother = loss_utils.label_smoother_for(model, args.label_smoothing_factor)
-        self.model_accepts_loss_kwargs = self._accepts_loss_kwargs(model)
+        self.model_accepts_loss_kwargs = loss_utils.divides_by_items(model)
         self._shifts_labels = data.loss_shifts_labels(model)
         # transformers' find_labels and can_return_loss, read from the model's class (a PEFT model: its base model's)
         self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
@@ -276,28 +276,6 @@ class Trainer:
         self._refuse_ignored_overrides()
 
     @staticmethod
-    def _accepts_loss_kwargs(model: nn.Module) -> bool:
-        """Whether the model divides its loss by ``num_items_in_batch`` itself: ``model.accepts_loss_kwargs``
-        if set; else a ``num_items_in_batch`` parameter; else a ``**kwargs`` forward whose code hands them to
-        a loss (``self.loss_function``, or names ``num_items_in_batch``). transformers takes any ``**kwargs``
-        as a yes, so BERT's classification heads (which take ``**kwargs`` but average their own loss) count
-        a GA-k step k times there; cadence weights such a model's mean by its share of the step's items."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: its base
-        flag = getattr(model, "accepts_loss_kwargs", None)
-        if flag is not None:
-            return bool(flag)
-        params = inspect.signature(model.forward).parameters
-        if "num_items_in_batch" in params:
-            return True
-        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            return False
-        try:
-            source = inspect.getsource(type(model).forward)
-        except (OSError, TypeError):  # no source to read (compiled, built in the REPL): transformers' rule
-            return True
-        return "loss_function" in source or "num_items_in_batch" in source
-
-    @staticmethod
     def _default_label_names(model: nn.Module) -> list[str]:
         """transformers' ``find_labels``: the forward's parameters named like labels (a question-answering model's
         span positions too); ``[]`` for a model that takes none (sentence-transformers'), as in transformers."""
@@ -313,16 +291,6 @@ class Trainer:
         model = model.get_base_model() if hasattr(model, "get_base_model") else model
         param = inspect.signature(type(model).forward).parameters.get("return_loss")
         return param is not None and param.default is True
-
-    @staticmethod
-    def _transformers_accepts_loss_kwargs(model: nn.Module) -> bool:
-        """transformers' ``model_accepts_loss_kwargs`` (the flag, else any ``**kwargs`` forward): where transformers
-        counts a step's items for ``compute_loss``."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model
-        flag = getattr(model, "accepts_loss_kwargs", None)
-        if flag is not None:
-            return bool(flag)
-        return any(p.kind == p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values())
 
     @staticmethod
     def _default_collator(processing_class: Any) -> Callable:
@@ -745,10 +713,8 @@ class Trainer:
         job = output_guard.job_identity()  # saved with the data's identity: a restarted torchrun job finds its own
         loop = LoopState(self.backend, args.logging_nan_inf_filter, tokens, layout, batches_per_epoch,
                          {**data_identity(self.train_dataset), **({"job": job} if job else {})})
-        # transformers counts a step's items for compute_loss whenever the batches have labels and the model takes loss
-        # kwargs (or a compute_loss_func is set); cadence too, besides where its own weighting needs the count
-        loop.count_items = (loop.count_items or self.compute_loss_func is not None
-                            or self._transformers_accepts_loss_kwargs(self.model))
+        loop.count_items = loss_utils.counts_items(layout.gradient_accumulation_steps, layout.world_size,
+                                                   self.compute_loss_func, self.model)
         resume = None
         if resume_from_checkpoint is not None:
             resume = save_load.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
@@ -779,7 +745,8 @@ class Trainer:
                 if not window:
                     break
                 loop.batches_in_epoch += len(window)
-                loop.items = self._window_items(window) if loop.count_items or loop.micro_batch_rows else None
+                loop.items = (loss_utils.step_items(window, self._shifts_labels, self.backend)
+                              if loop.count_items or loop.micro_batch_rows else None)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._forward_backward(model, window, loop)  # ---- micro-batches
                 # counted after the step, as transformers: a training_step that rewrites its batch in place (TRL's
@@ -854,11 +821,6 @@ class Trainer:
         loop.batches = data.epoch_batches(train_dataloader, epoch, begin_epoch, self.args.train_batch_size, resume,
                                           own_skip, capture, restore_rng_state)
         return loop.batches
-
-    def _window_items(self, window: list) -> torch.Tensor | None:
-        """Items of one optimizer step over all processes (None when the batches carry no labels)."""
-        items = loss_utils.window_items(window, self._shifts_labels)
-        return None if items is None else self.backend.reduce_sum_data_parallel(items.to(self.backend.device))
 
     def _forward_backward(self, model: nn.Module, window: list, loop: LoopState) -> None:
         """Forward and backward of a step's micro-batches, gradients synced on the last only.
@@ -1135,12 +1097,10 @@ class Trainer:
             loss = self.label_smoother(outputs, labels, shift_labels=self._shifts_labels, num_items_in_batch=num_items_in_batch)
         else:
             loss = self._loss_from_outputs(outputs, inputs)
-        normalised = self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
-        if num_items_in_batch is not None and normalised and model.training and self.backend.data_parallel_size > 1:
-            # transformers' contract, which subclasses (TRL's) follow in their own compute_loss: in training, a loss
-            # divided by every process's items comes back times the data-parallel size, as the ranks' gradients are
-            # averaged (evaluation passes a batch's own items: nothing to average)
-            loss = loss * self.backend.data_parallel_size
+        normalised = loss_utils.returns_normalised(self.model_accepts_loss_kwargs, self.compute_loss_func,
+                                                   self.label_smoother)
+        loss = loss_utils.data_parallel_scale(loss, num_items_in_batch, normalised, model.training,
+                                              self.backend.data_parallel_size)
         return (loss, outputs) if return_outputs else loss
 
     def _loss_source(self, model: nn.Module) -> str:
@@ -1157,9 +1117,8 @@ class Trainer:
         parameter cannot normalise, so its mean is weighted by the batch's share of the step's items."""
         if self.loss_is_scaled_for_ga is not None:
             return self.loss_is_scaled_for_ga
-        if not self._compute_loss_takes_items:
-            return False
-        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
+        return self._compute_loss_takes_items and loss_utils.returns_normalised(
+            self.model_accepts_loss_kwargs, self.compute_loss_func, self.label_smoother)
 
     def _loss_from_outputs(self, outputs: Any, inputs: Any) -> torch.Tensor:
         if isinstance(outputs, Mapping) and outputs.get("loss") is not None:
@@ -1305,7 +1264,7 @@ class Trainer:
             real_rows = 0 if is_padding(step) else rows
             observed += real_rows
             if loss is not None and real_rows:
-                loss_mean.add(loss, self._eval_items(inputs, rows))
+                loss_mean.add(loss, loss_utils.eval_items(inputs, rows, self._shifts_labels))
             if not prediction_loss_only:
                 if self.preprocess_logits_for_metrics is not None and logits is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
@@ -1335,11 +1294,6 @@ class Trainer:
         if "loss" in self.args.include_for_metrics and loss is not None:
             step["losses"] = loss.detach().reshape(1).repeat(rows)
         return step
-
-    def _eval_items(self, inputs: Any, rows: int) -> torch.Tensor | int:
-        """Items behind one batch's mean loss: counted as in training (``data.batch_items``), else its rows."""
-        items = data.batch_items(inputs, self._shifts_labels)
-        return rows if items is None else items
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
