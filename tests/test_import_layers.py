@@ -101,8 +101,8 @@ def test_the_checker_finds_a_cycle_made_of_a_deferred_import(tmp_path):
 FLOORS = [
     ("device and process facts", ["cadence.version", "cadence.versions", "cadence.peft_support", "cadence.backend.devices",
                                   "cadence.backend.processes", "cadence.backend.slurm"]),
-    ("public helpers and file formats", ["cadence.trainer_utils", "cadence.search_types", "cadence.memory_metrics",
-                                         "cadence.checks",
+    ("public helpers and file formats", ["cadence.trainer_utils", "cadence.search_types", "cadence.column_removal",
+                                         "cadence.memory_metrics", "cadence.checks",
                                          "cadence.checkpoint", "cadence.checkpoint.formats",
                                          "cadence.checkpoint.sharded", "cadence.checkpoint.deepspeed_files"]),
     ("the loop's parts", ["cadence.trainer_callback", "cadence.data", "cadence.optimization", "cadence.loss",

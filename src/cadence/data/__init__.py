@@ -24,7 +24,7 @@ of an epoch). Every name is importable from ``cadence.data``.
 
 from torch.utils.data import DataLoader, Dataset  # noqa: F401 - in __all__, as data.py had them
 
-from ..trainer_utils import RemoveColumnsCollator  # noqa: F401 - in __all__: a collator users import from here
+from ..column_removal import RemoveColumnsCollator  # noqa: F401 - in __all__: a collator users import from here
 from .counting import (  # noqa: F401
     batch_items, count_items, IGNORE_INDEX, loss_shifts_labels, split_batches, TokenCounter,
 )

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..trainer_utils import RemoveColumnsCollator, check_columns
+from ..column_removal import RemoveColumnsCollator, check_columns
 
 from .collators import DataCollatorWithPadding, DefaultDataCollator, LABEL_COLUMNS, _as_mapping, default_data_collator
 from .loaders import is_iterable_dataset
