@@ -114,7 +114,8 @@ FLOORS = [
     ("engines", ["cadence.backend"]),  # precision, FSDP, meshes, DeepSpeed, the Backend and trainer.accelerator
     ("features", ["cadence.activation_checkpointing", "cadence.neftune", "cadence.overflow", "cadence.liger",
                   "cadence.hub", "cadence.model_card", "cadence.hyperparameter_search", "cadence.integrations"]),
-    ("arguments", ["cadence.training_args", "cadence.training_args_seq2seq"]),
+    ("arguments", ["cadence.training_args_types", "cadence.training_args_checks", "cadence.training_args_parsing",
+                   "cadence.training_args", "cadence.training_args_seq2seq"]),
     ("the Trainer", ["cadence.trainer", "cadence.trainer_seq2seq"]),
     ("entry points and transformers' paths", ["cadence", "cadence.trainer_pt_utils", "cadence.trainer_jit_checkpoint",
                                               "cadence.trainer_optimizer", "cadence.patch", "cadence.cli",
