@@ -50,6 +50,27 @@ class BatchLayout:
         return max(math.ceil(batches / self.gradient_accumulation_steps), 1)
 
 
+def step_counts(args: Any, layout: BatchLayout, batches: int | None, dataset: Any) -> tuple[int, int, int | None]:
+    """``(max_steps, num_train_epochs, micro-batches per epoch or None)`` of a run, transformers' rules: ``max_steps``
+    when set, else ``num_train_epochs`` epochs of ``batches`` (None: a stream, trained for ``max_steps``).
+
+    Raises:
+        ValueError: an epoch without a batch (``dataloader_drop_last`` and fewer samples than a batch).
+    """
+    if batches is None:
+        return args.max_steps, 2**62, None
+    if batches == 0:
+        raise ValueError(
+            f"the training dataloader has no batch: {len(dataset)} samples with "
+            f"per_device_train_batch_size={args.per_device_train_batch_size} and dataloader_drop_last=True; "
+            "lower the batch size or set dataloader_drop_last=False"
+        )
+    steps_per_epoch = layout.steps_per_epoch(batches)
+    if args.max_steps > 0:
+        return args.max_steps, math.ceil(args.max_steps / steps_per_epoch), batches
+    return math.ceil(args.num_train_epochs * steps_per_epoch), math.ceil(args.num_train_epochs), batches
+
+
 def data_identity(dataset: Any) -> dict[str, Any]:
     """What ``loop_state.json`` keeps of the training data to recognise it on resume: its length and,
     for a ``datasets.Dataset``, its fingerprint and a hash of a few rows (None where there are none)."""
@@ -171,6 +192,25 @@ class LoopState:
         if bad:
             metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
         return train_loss, metrics
+
+    def interval_logs(self, global_step: int) -> dict[str, Any]:
+        """The training log of the steps since the last log: their mean ``loss`` over the finite ones (the one host
+        sync of a log), and how many were non-finite or skipped by fp16 loss scaling (warned), when any."""
+        interval_loss, bad = self.close_interval()
+        steps = global_step - self.last_logged_step
+        logs: dict[str, Any] = {"loss": self.mean(interval_loss, steps, bad)}
+        if bad:
+            logs["nonfinite_losses"] = bad
+            logger.warning("%d of %d steps (%d-%d) had a non-finite loss: left out of the logged loss (the mean "
+                           "of the others%s)", bad, steps, self.last_logged_step + 1, global_step,
+                           "; none was finite, so it is NaN" if bad == steps else "")
+        if self.skipped:
+            logs["skipped_optimizer_steps"] = self.skipped
+            logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
+                           self.skipped, self.last_logged_step + 1, global_step)
+            self.skipped_total += self.skipped
+            self.skipped = 0
+        return logs
 
     def state_dict(self) -> dict[str, Any]:
         """Plain numbers (a float64 goes through JSON exactly); sums over processes (a collective)."""

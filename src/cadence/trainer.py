@@ -40,7 +40,7 @@ from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRA
 from .checkpoint.rng import capture_rng_state, restore_rng_state
 from .checkpoint.resume import ResumePoint, agreed_checkpoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
 from .integrations import base as trackers, registry as integrations
-from .loop_state import BatchLayout, LoopState, data_identity
+from .loop_state import BatchLayout, LoopState, data_identity, step_counts
 from .memory_metrics import TrainerMemoryTracker
 from .trainer_callback import (
     CallbackHandler,
@@ -654,23 +654,6 @@ class Trainer:
             hooks.append(overflow.UnderflowOverflowDetector(model, lambda: self.state.global_step))
         return hooks
 
-    def _step_counts(self, dataloader: DataLoader, layout: BatchLayout) -> tuple[int, int, int | None]:
-        """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""
-        args = self.args
-        if not has_length(dataloader):
-            return args.max_steps, 2**62, None
-        batches = len(dataloader)
-        if batches == 0:
-            raise ValueError(
-                f"the training dataloader has no batch: {len(self.train_dataset)} samples with "
-                f"per_device_train_batch_size={args.per_device_train_batch_size} and dataloader_drop_last=True; "
-                "lower the batch size or set dataloader_drop_last=False"
-            )
-        steps_per_epoch = layout.steps_per_epoch(batches)
-        if args.max_steps > 0:
-            return args.max_steps, math.ceil(args.max_steps / steps_per_epoch), batches
-        return math.ceil(args.num_train_epochs * steps_per_epoch), math.ceil(args.num_train_epochs), batches
-
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None) -> TrainOutput:
         """The loop: epoch -> optimizer step -> micro-batch (transformers' signature, which subclasses call).
 
@@ -687,7 +670,8 @@ class Trainer:
         checks.check_trainable(self.model)
         train_dataloader = self.get_train_dataloader()
         layout = self._batch_layout(args)
-        max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader, layout)
+        max_steps, num_train_epochs, batches_per_epoch = step_counts(
+            args, layout, len(train_dataloader) if has_length(train_dataloader) else None, self.train_dataset)
         if self._created_lr_scheduler:  # a finished schedule would train at its last rate (often 0)
             self.lr_scheduler, self._created_lr_scheduler = None, False
         self.create_optimizer_and_scheduler(max_steps)
@@ -905,20 +889,7 @@ class Trainer:
         if self.control.should_log or self.control.should_save:
             loop.store_counts(self.state)
         if self.control.should_log and self.state.global_step > loop.last_logged_step:
-            interval_loss, bad = loop.close_interval()  # the one host sync of a log
-            steps = self.state.global_step - loop.last_logged_step
-            logs: dict[str, float] = {"loss": loop.mean(interval_loss, steps, bad)}
-            if bad:
-                logs["nonfinite_losses"] = bad
-                logger.warning("%d of %d steps (%d-%d) had a non-finite loss: left out of the logged loss (the mean "
-                               "of the others%s)", bad, steps, loop.last_logged_step + 1, self.state.global_step,
-                               "; none was finite, so it is NaN" if bad == steps else "")
-            if loop.skipped:
-                logs["skipped_optimizer_steps"] = loop.skipped
-                logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
-                               loop.skipped, loop.last_logged_step + 1, self.state.global_step)
-                loop.skipped_total += loop.skipped
-                loop.skipped = 0
+            logs = loop.interval_logs(self.state.global_step)  # the one host sync of a log
             if grad_norm is not None:
                 logs["grad_norm"] = grad_norm.item() if torch.is_tensor(grad_norm) else grad_norm
             logs["learning_rate"] = learning_rate if learning_rate is not None else self._get_learning_rate()
