@@ -103,6 +103,34 @@ def eval_items(inputs: Any, rows: int, shifted: bool) -> torch.Tensor | int:
     return rows if items is None else items
 
 
+def loss_from_outputs(outputs: Any, inputs: Any) -> torch.Tensor:
+    """The loss a model returned: its output's ``loss``, or a 0-d first element (a tuple), or a 0-d tensor.
+
+    Raises:
+        ValueError: the model returned no loss (naming what it returned and what it was given).
+    """
+    if isinstance(outputs, Mapping) and outputs.get("loss") is not None:
+        return outputs["loss"]
+    if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
+        return outputs[0]
+    if torch.is_tensor(outputs) and outputs.dim() == 0:
+        return outputs
+    keys = list(outputs.keys()) if isinstance(outputs, Mapping) else type(outputs).__name__
+    given = list(inputs.keys()) if isinstance(inputs, Mapping) else type(inputs).__name__
+    raise ValueError(
+        f"the model did not return a loss (it returned {keys}; its inputs were {given}). Give the batches "
+        "'labels' the model uses to compute its loss, pass compute_loss_func=..., or override compute_loss"
+    )
+
+
+def can_return_loss(model: Any) -> bool:
+    """transformers' ``can_return_loss``: the forward has ``return_loss=True`` (CLIP-like models), so evaluation
+    asks it for a loss without labels."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    param = inspect.signature(type(model).forward).parameters.get("return_loss")
+    return param is not None and param.default is True
+
+
 def window_items(batches: list[Any], shifted: bool) -> torch.Tensor | None:
     """Items (``data.batch_items``) over the micro-batches of one step.
 

@@ -199,8 +199,8 @@ class Trainer:
         self.model_accepts_loss_kwargs = loss_utils.divides_by_items(model)
         self._shifts_labels = data.loss_shifts_labels(model)
         # transformers' find_labels and can_return_loss, read from the model's class (a PEFT model: its base model's)
-        self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
-        self.can_return_loss = self._can_return_loss(model)
+        self.label_names = args.label_names if args.label_names is not None else data.label_names(model)
+        self.can_return_loss = loss_utils.can_return_loss(model)
         self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         params = inspect.signature(self.compute_loss).parameters  # a subclass's override may not take the count
         self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
@@ -273,23 +273,6 @@ class Trainer:
             liger.check(self.backend.device.type, args.liger_kernel_config)
         peft_support.refuse_quantized_without_adapters(self.model)  # a quantized model needs adapters to train
         self._refuse_ignored_overrides()
-
-    @staticmethod
-    def _default_label_names(model: nn.Module) -> list[str]:
-        """transformers' ``find_labels``: the forward's parameters named like labels (a question-answering model's
-        span positions too); ``[]`` for a model that takes none (sentence-transformers'), as in transformers."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: its base
-        params = inspect.signature(type(model).forward).parameters
-        qa = "QuestionAnswering" in type(model).__name__
-        return [n for n in params if "label" in n or (qa and n in ("start_positions", "end_positions"))]
-
-    @staticmethod
-    def _can_return_loss(model: nn.Module) -> bool:
-        """transformers' ``can_return_loss``: the forward has ``return_loss=True`` (CLIP-like models), so evaluation
-        asks it for a loss without labels."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model
-        param = inspect.signature(type(model).forward).parameters.get("return_loss")
-        return param is not None and param.default is True
 
     @staticmethod
     def _default_collator(processing_class: Any) -> Callable:
@@ -1066,7 +1049,7 @@ class Trainer:
         elif labels is not None:
             loss = self.label_smoother(outputs, labels, shift_labels=self._shifts_labels, num_items_in_batch=num_items_in_batch)
         else:
-            loss = self._loss_from_outputs(outputs, inputs)
+            loss = loss_utils.loss_from_outputs(outputs, inputs)
         normalised = loss_utils.returns_normalised(self.model_accepts_loss_kwargs, self.compute_loss_func,
                                                    self.label_smoother)
         loss = loss_utils.data_parallel_scale(loss, num_items_in_batch, normalised, model.training,
@@ -1089,20 +1072,6 @@ class Trainer:
             return self.loss_is_scaled_for_ga
         return self._compute_loss_takes_items and loss_utils.returns_normalised(
             self.model_accepts_loss_kwargs, self.compute_loss_func, self.label_smoother)
-
-    def _loss_from_outputs(self, outputs: Any, inputs: Any) -> torch.Tensor:
-        if isinstance(outputs, Mapping) and outputs.get("loss") is not None:
-            return outputs["loss"]
-        if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
-            return outputs[0]
-        if torch.is_tensor(outputs) and outputs.dim() == 0:
-            return outputs
-        keys = list(outputs.keys()) if isinstance(outputs, Mapping) else type(outputs).__name__
-        given = list(inputs.keys()) if isinstance(inputs, Mapping) else type(inputs).__name__
-        raise ValueError(
-            f"the model did not return a loss (it returned {keys}; its inputs were {given}). Give the batches "
-            "'labels' the model uses to compute its loss, pass compute_loss_func=..., or override compute_loss"
-        )
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> float:
         """Forward and backward FLOPs of one batch, counted as transformers counts them: 6 x parameters (embeddings

@@ -36,7 +36,7 @@ from .loaders import (  # noqa: F401
     check_dataset, init_worker, is_iterable_dataset, LookAhead, TrainerDataLoader,
 )
 from .columns import (  # noqa: F401
-    ColumnsDroppedInCollator, drop_unused_columns, forward_arguments,
+    ColumnsDroppedInCollator, drop_unused_columns, forward_arguments, label_names,
 )
 from .samplers import (  # noqa: F401
     BatchRebalanceSampler, DistributedLengthGroupedSampler, DistributedSamplerWithLoop, EpochSampler,
