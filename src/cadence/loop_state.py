@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -69,6 +70,29 @@ def step_counts(args: Any, layout: BatchLayout, batches: int | None, dataset: An
     if args.max_steps > 0:
         return args.max_steps, math.ceil(args.max_steps / steps_per_epoch), batches
     return math.ceil(args.num_train_epochs * steps_per_epoch), math.ceil(args.num_train_epochs), batches
+
+
+def transformers_step_counts(args: Any, total_batch: int, batches: int | None, num_examples: Callable[[], int]
+                             ) -> tuple[int, int, int, int, int, int | None, int]:
+    """transformers' ``set_initial_training_values``: ``(num_train_epochs, num_update_steps_per_epoch, num_examples,
+    num_train_samples, total_train_batch_size, steps_in_epoch, max_steps)`` of a run of ``batches`` micro-batches an
+    epoch (None: a stream, which needs ``max_steps > 0`` and counts ``sys.maxsize`` epochs of ``max_steps`` steps).
+    """
+    ga = args.gradient_accumulation_steps
+    if batches is not None:
+        per_epoch = max(math.ceil(batches / ga), 1)
+        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+        examples = num_examples()
+        if args.max_steps > 0:
+            epochs, samples = math.ceil(max_steps / per_epoch), max_steps * total_batch
+        else:
+            epochs, samples = math.ceil(args.num_train_epochs), examples * args.num_train_epochs
+        return epochs, per_epoch, examples, samples, total_batch, batches, max_steps
+    if args.max_steps <= 0:
+        raise ValueError(f"args.max_steps must be set to a positive value if dataloader does not have a length, "
+                         f"was {args.max_steps}")
+    max_steps = args.max_steps
+    return sys.maxsize, max_steps, total_batch * max_steps, total_batch * max_steps, total_batch, max_steps * ga, max_steps
 
 
 def data_identity(dataset: Any) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRA
 from .checkpoint.rng import capture_rng_state, restore_rng_state
 from .checkpoint.resume import ResumePoint, agreed_checkpoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
 from .integrations import base as trackers, registry as integrations
-from .loop_state import BatchLayout, LoopState, data_identity, step_counts
+from .loop_state import BatchLayout, LoopState, data_identity, step_counts, transformers_step_counts
 from .memory_metrics import TrainerMemoryTracker
 from .trainer_callback import (
     CallbackHandler,
@@ -101,20 +101,6 @@ def _state_at_save(state: TrainerState) -> TrainerState:
     saved = copy.copy(state)
     saved.log_history = list(state.log_history)
     return saved
-
-
-class _Uploads:
-    """transformers' ``PushInProgress``: the futures of one push to the Hub."""
-
-    def __init__(self, jobs: list):
-        self.jobs = jobs
-
-    def is_done(self) -> bool:
-        return all(job.done() for job in self.jobs)
-
-    def wait_until_done(self) -> None:
-        for job in self.jobs:
-            job.result()
 
 
 class Trainer:
@@ -1207,7 +1193,9 @@ class Trainer:
             if not prediction_loss_only:
                 if self.preprocess_logits_for_metrics is not None and logits is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
-                outputs = gather(self._metric_inputs(inputs, loss, logits, labels, rows), real_rows)
+                step_outputs = evaluation.metric_inputs(inputs, loss, logits, labels, rows, args.include_for_metrics,
+                                                      getattr(self.model, "main_input_name", "input_ids"))
+                outputs = gather(step_outputs, real_rows)
                 if keep:
                     collected.add(outputs)
                 if per_batch and self.compute_metrics is not None and logits is not None and labels is not None:
@@ -1224,15 +1212,6 @@ class Trainer:
         metrics = evaluation.prefix_metrics(metrics, metric_key_prefix)
         num_samples = len(dataset) if has_length(dataset) else observed * self.backend.data_parallel_size
         return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
-
-    def _metric_inputs(self, inputs: Any, loss, logits, labels, rows: int) -> dict[str, Any]:
-        """One step's predictions and labels, plus what ``include_for_metrics`` asks for (a loss per row)."""
-        step = {"predictions": logits, "label_ids": labels}
-        if "inputs" in self.args.include_for_metrics and isinstance(inputs, Mapping):
-            step["inputs"] = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
-        if "loss" in self.args.include_for_metrics and loss is not None:
-            step["losses"] = loss.detach().reshape(1).repeat(rows)
-        return step
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
@@ -1424,7 +1403,10 @@ class Trainer:
     def push_in_progress(self):
         """The Hub upload still running from the last push (``.is_done()``), or None (transformers' attribute)."""
         jobs = [job for job, _ in self.hub_repo.in_flight] if self.hub_repo is not None else []
-        return _Uploads(jobs) if jobs else None
+        if not jobs:
+            return None
+        from . import hub
+        return hub.PushInProgress(jobs)
 
     def _load_callback_state(self) -> None:
         """With ``restore_callback_states_from_checkpoint``: rebuild the stateful callbacks and the
@@ -1698,23 +1680,9 @@ class Trainer:
             steps_in_epoch, max_steps)`` with transformers' values: a dataloader without a length needs
             ``max_steps > 0`` and counts ``sys.maxsize`` epochs of ``max_steps`` steps.
         """
-        total_batch = self.get_total_train_batch_size(args)
-        ga = args.gradient_accumulation_steps
-        if has_length(dataloader):
-            batches = len(dataloader)
-            per_epoch = max(math.ceil(batches / ga), 1)
-            max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
-            examples = self.num_examples(dataloader)
-            if args.max_steps > 0:
-                epochs, samples = math.ceil(max_steps / per_epoch), max_steps * total_batch
-            else:
-                epochs, samples = math.ceil(args.num_train_epochs), examples * args.num_train_epochs
-            return epochs, per_epoch, examples, samples, total_batch, batches, max_steps
-        if args.max_steps <= 0:
-            raise ValueError(f"args.max_steps must be set to a positive value if dataloader does not have a length, "
-                             f"was {args.max_steps}")
-        max_steps = args.max_steps
-        return sys.maxsize, max_steps, total_batch * max_steps, total_batch * max_steps, total_batch, max_steps * ga, max_steps
+        batches = len(dataloader) if has_length(dataloader) else None
+        return transformers_step_counts(args, self.get_total_train_batch_size(args), batches,
+                                        lambda: self.num_examples(dataloader))
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
         """cadence counts a step's items itself; to change the loss, override compute_loss or pass compute_loss_func."""
