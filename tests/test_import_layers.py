@@ -189,6 +189,17 @@ def test_importing_a_low_floor_never_pulls_in_the_trainer():
                        for m in reached), (module, sorted(reached))
 
 
+def test_the_checkpoint_package_imports_neither_data_nor_the_loop_state():
+    """The data side of a resume (the sampler past the trained batches, a stream's state, the RNGs set around the
+    epoch's first fetch) is data/'s; the checkpoint package only says which checkpoint and which position."""
+    graph = import_graph()
+    assert "cadence.checkpoint.resume" in graph
+    found = sorted(f"{module} -> {target}" for module in graph if module.startswith("cadence.checkpoint")
+                   for target in graph[module]
+                   if target in ("cadence.data", "cadence.loop_state") or target.startswith("cadence.data."))
+    assert found == []
+
+
 def test_every_module_imports_on_its_own():
     """Each module of the package imports first in a fresh interpreter (no hidden order dependence)."""
     import subprocess
