@@ -113,7 +113,8 @@ FLOORS = [
                      "cadence.checkpoint.signals"]),
     ("engines", ["cadence.backend"]),  # precision, FSDP, meshes, DeepSpeed, the Backend and trainer.accelerator
     ("features", ["cadence.activation_checkpointing", "cadence.neftune", "cadence.overflow", "cadence.liger",
-                  "cadence.hub", "cadence.model_card", "cadence.script_metrics", "cadence.hyperparameter_search", "cadence.integrations"]),
+                  "cadence.hub", "cadence.model_card", "cadence.script_metrics", "cadence.hyperparameter_search",
+                  "cadence.integrations"]),
     ("arguments", ["cadence.training_args_types", "cadence.training_args_checks", "cadence.training_args_parsing",
                    "cadence.training_args", "cadence.training_args_seq2seq"]),
     ("the Trainer", ["cadence.trainer", "cadence.trainer_seq2seq"]),

@@ -15,7 +15,8 @@ from torch.utils.data import Sampler
 
 from .collators import NamedRows
 from .loaders import TrainerDataLoader, init_worker, is_iterable_dataset
-from .samplers import BatchRebalanceSampler, EpochSampler, EvalBatchSampler, LengthGroupedSampler, sample_lengths, shard_sampler
+from .samplers import (BatchRebalanceSampler, EpochSampler, EvalBatchSampler, LengthGroupedSampler, sample_lengths,
+                       shard_sampler)
 from .streams import IterableShard
 
 
@@ -101,7 +102,8 @@ def build_dataloader(dataset: Any, collate_fn: Callable, batch_size: int, args: 
         del kwargs["batch_size"], kwargs["drop_last"]
     elif sampler is not None and not evaluation and world > 1 and not isinstance(sampler, EpochSampler):
         # a subclass's own sampler: each rank its batches, as accelerate deals them
-        kwargs["batch_sampler"] = shard_sampler(sampler, batch_size, kwargs.pop("drop_last"), rank, world, even_batches())
+        kwargs["batch_sampler"] = shard_sampler(sampler, batch_size, kwargs.pop("drop_last"), rank, world,
+                                                even_batches())
         del kwargs["batch_size"]
     elif sampler is not None:
         kwargs["sampler"] = sampler
