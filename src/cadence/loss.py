@@ -143,23 +143,27 @@ def window_items(batches: list[Any], shifted: bool) -> torch.Tensor | None:
 
 
 def micro_batch_weight(
-    inputs: Any, loss_is_normalised: bool, items: torch.Tensor | None, window_len: int, shifted: bool
+    inputs: Any, loss_is_normalised: bool, items: torch.Tensor | None, window_len: int, shifted: bool,
+    data_parallel_size: int = 1,
 ) -> torch.Tensor | float:
     """The factor that turns one micro-batch's returned loss into its share of the step's loss.
 
     Args:
         inputs: the micro-batch (its labels are counted when the loss is a per-batch mean).
-        loss_is_normalised: the loss was already divided by ``items`` (the window's count).
+        loss_is_normalised: the loss was already divided by ``items`` (the window's count; its data-parallel
+            factor applied in ``compute_loss``, ``data_parallel_scale``).
         items: the window's item count over all processes, or None when there are no labels.
         window_len: micro-batches in this step (the last step of an epoch may have fewer).
         shifted: the model's loss shifts labels (causal LM).
+        data_parallel_size: data-parallel ranks; a mean weighted by its share of every rank's items is multiplied
+            by it, as data parallelism averages gradients over the ranks.
     """
     if items is None:
         return 1.0 / window_len
     if loss_is_normalised:
         return 1.0
-    own = batch_items(inputs, shifted)
-    return own.double() / items.clamp(min=1).double()
+    weight = batch_items(inputs, shifted).double() / items.clamp(min=1).double()
+    return weight * data_parallel_size if data_parallel_size != 1 else weight  # no extra kernel on one rank
 
 
 class LabelSmoother:

@@ -971,11 +971,9 @@ class Trainer:
         if not (torch.is_tensor(loss) and loss.dim() == 0 and loss.requires_grad):
             checks.check_loss(loss, self._loss_source(model))
         normalised = num_items_in_batch is not None and self._loss_is_normalised()
-        weight = loss_utils.micro_batch_weight(
-            inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
-        )
-        if num_items_in_batch is not None and not normalised:  # a normalised loss is scaled in compute_loss
-            weight = weight * self.backend.data_parallel_size  # data parallelism averages gradients over its ranks
+        weight = loss_utils.micro_batch_weight(inputs, normalised, num_items_in_batch,
+                                               self.current_gradient_accumulation_steps, self._shifts_labels,
+                                               self.backend.data_parallel_size)
         if torch.is_tensor(weight):
             loss = loss * weight.to(loss.dtype)  # the ratio in the loss's precision (float64 models stay exact)
         elif weight != 1.0:
