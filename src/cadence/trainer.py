@@ -463,17 +463,7 @@ class Trainer:
             0.0
         """
         self._require_optimizer()
-        if isinstance(param, str):
-            named = dict(self.backend.unwrap(self.model).named_parameters())
-            if param not in named:
-                raise ValueError(f"get_optimizer_group({param!r}): the model has no parameter of that name; "
-                                 f"its parameters are {sorted(named)[:8]}{' ...' if len(named) > 8 else ''}")
-            param = named[param]
-        if param is not None:
-            for group in self.optimizer.param_groups:
-                if any(p is param for p in group["params"]):  # identity: == on tensors compares values
-                    return group
-        return [group["params"] for group in self.optimizer.param_groups]
+        return optimization.optimizer_group(self.optimizer, self.backend.unwrap(self.model), param)
 
     def _require_optimizer(self) -> None:
         if self.optimizer is None:
