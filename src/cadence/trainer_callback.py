@@ -67,7 +67,6 @@ import json
 import logging
 import math
 import operator
-import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 

@@ -16,7 +16,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple

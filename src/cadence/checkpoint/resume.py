@@ -243,7 +243,7 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
                        trained_batches=trained)
 
 
-def _rescale_position(folder: Path, skip: int, saved: BatchLayout, layout: Any, args: Any, epoch: int,
+def _rescale_position(folder: Path, skip: int, saved: Any, layout: Any, args: Any, epoch: int,
                       saved_epoch_batches: int | None, batches_per_epoch: int | None) -> int:
     """The saving run's ``skip`` batches of the epoch as batches of this run: the samples they held
     (the sampler deals the epoch's order out to processes in turn, so ``skip x batch x processes``
