@@ -101,18 +101,22 @@ def test_the_checker_finds_a_cycle_made_of_a_deferred_import(tmp_path):
 FLOORS = [
     ("device and process facts", ["cadence.version", "cadence.versions", "cadence.peft_support", "cadence.backend.devices",
                                   "cadence.backend.processes", "cadence.backend.slurm"]),
-    ("public helpers and file formats", ["cadence.trainer_utils", "cadence.memory_metrics", "cadence.checks",
+    ("public helpers and file formats", ["cadence.trainer_utils", "cadence.search_types", "cadence.column_removal",
+                                         "cadence.memory_metrics", "cadence.checks",
                                          "cadence.checkpoint", "cadence.checkpoint.formats",
                                          "cadence.checkpoint.sharded", "cadence.checkpoint.deepspeed_files"]),
-    ("the loop's parts", ["cadence.trainer_callback", "cadence.data", "cadence.optimization", "cadence.loss",
-                          "cadence.evaluation", "cadence.loop_state", "cadence.output_guard"]),
+    ("the loop's parts", ["cadence.callback_events", "cadence.progress", "cadence.trainer_callback", "cadence.data",
+                          "cadence.optimization", "cadence.loss", "cadence.evaluation", "cadence.loop_state",
+                          "cadence.output_guard"]),
     ("checkpoints", ["cadence.checkpoint.rng", "cadence.checkpoint.manifest", "cadence.checkpoint.writer",
                      "cadence.checkpoint.background", "cadence.checkpoint.resume", "cadence.checkpoint.save_load",
                      "cadence.checkpoint.signals"]),
     ("engines", ["cadence.backend"]),  # precision, FSDP, meshes, DeepSpeed, the Backend and trainer.accelerator
     ("features", ["cadence.activation_checkpointing", "cadence.neftune", "cadence.overflow", "cadence.liger",
-                  "cadence.hub", "cadence.model_card", "cadence.hyperparameter_search", "cadence.integrations"]),
-    ("arguments", ["cadence.training_args", "cadence.training_args_seq2seq"]),
+                  "cadence.hub", "cadence.model_card", "cadence.script_metrics", "cadence.hyperparameter_search",
+                  "cadence.integrations"]),
+    ("arguments", ["cadence.training_args_types", "cadence.training_args_checks", "cadence.training_args_parsing",
+                   "cadence.training_args", "cadence.training_args_seq2seq"]),
     ("the Trainer", ["cadence.trainer", "cadence.trainer_seq2seq"]),
     ("entry points and transformers' paths", ["cadence", "cadence.trainer_pt_utils", "cadence.trainer_jit_checkpoint",
                                               "cadence.trainer_optimizer", "cadence.patch", "cadence.cli",
@@ -184,6 +188,17 @@ def test_importing_a_low_floor_never_pulls_in_the_trainer():
                     todo.append(nxt)
         assert not any(m.startswith(("cadence.trainer", "cadence.checkpoint.save_load")) and m != "cadence.trainer_utils"
                        for m in reached), (module, sorted(reached))
+
+
+def test_the_checkpoint_package_imports_neither_data_nor_the_loop_state():
+    """The data side of a resume (the sampler past the trained batches, a stream's state, the RNGs set around the
+    epoch's first fetch) is data/'s; the checkpoint package only says which checkpoint and which position."""
+    graph = import_graph()
+    assert "cadence.checkpoint.resume" in graph
+    found = sorted(f"{module} -> {target}" for module in graph if module.startswith("cadence.checkpoint")
+                   for target in graph[module]
+                   if target in ("cadence.data", "cadence.loop_state") or target.startswith("cadence.data."))
+    assert found == []
 
 
 def test_every_module_imports_on_its_own():

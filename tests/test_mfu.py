@@ -93,7 +93,7 @@ def test_train_metrics_carry_mfu_only_where_the_peak_is_known(tmp_path, monkeypa
     from tiny import RegressionDataset, RegressionModel
 
     from cadence import Trainer, TrainingArguments
-    from cadence import trainer as trainer_module
+    from cadence import loop_state as final_metrics_module  # LoopState.final_metrics computes the MFU
 
     def train():
         args = TrainingArguments(str(tmp_path), max_steps=3, disable_tqdm=True, save_strategy="no")
@@ -106,7 +106,7 @@ def test_train_metrics_carry_mfu_only_where_the_peak_is_known(tmp_path, monkeypa
         seen.update(flos=flos, seconds=seconds, world_size=world_size)
         return 0.25
 
-    monkeypatch.setattr(trainer_module, "estimate_mfu", fake)
+    monkeypatch.setattr(final_metrics_module, "estimate_mfu", fake)
     metrics = train()
     assert metrics["train_mfu"] == 0.25
     assert seen == {"flos": metrics["total_flos"], "seconds": metrics["train_runtime"], "world_size": 1}

@@ -409,3 +409,15 @@ def is_improvement(value: float, best: float | None, greater_is_better: bool) ->
     if best is None:
         return True
     return value > best if greater_is_better else value < best
+
+
+def metric_inputs(inputs: Any, loss: Any, logits: Any, labels: Any, rows: int, include_for_metrics: list[str],
+                  main_input_name: str) -> dict[str, Any]:
+    """One evaluation step's predictions and labels, plus what ``include_for_metrics`` asks for: the batch's
+    ``main_input_name`` input (``"inputs"``), its loss repeated once per row (``"loss"``)."""
+    step = {"predictions": logits, "label_ids": labels}
+    if "inputs" in include_for_metrics and isinstance(inputs, Mapping):
+        step["inputs"] = inputs.get(main_input_name)
+    if "loss" in include_for_metrics and loss is not None:
+        step["losses"] = loss.detach().reshape(1).repeat(rows)
+    return step

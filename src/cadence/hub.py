@@ -33,6 +33,20 @@ from .trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 
 logger = logging.getLogger(__name__)
 
+
+class PushInProgress:
+    """transformers' ``PushInProgress``: the futures of one push to the Hub (``Trainer.push_in_progress``)."""
+
+    def __init__(self, jobs: list):
+        self.jobs = jobs
+
+    def is_done(self) -> bool:
+        return all(job.done() for job in self.jobs)
+
+    def wait_until_done(self) -> None:
+        for job in self.jobs:
+            job.result()
+
 # what a checkpoint holds only to resume training: never copied into output_dir for the Hub
 _RESUME_ONLY = {formats.OPTIMIZER_NAME, formats.SCHEDULER_NAME, formats.SCALER_NAME, formats.TRAINER_STATE_NAME,
                 formats.LOOP_STATE_NAME, formats.STREAM_STATE_NAME}

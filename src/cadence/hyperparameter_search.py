@@ -27,14 +27,14 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from .trainer_callback import ExportableState, TrainerControl
-from .trainer_utils import (
+from .search_types import (  # noqa: F401 - the search's types, importable from here too
     BestRun,
     HPSearchBackend,
     default_compute_objective,
     default_hp_space_optuna,
     default_hp_space_ray,
-    number_of_arguments,
 )
+from .trainer_utils import number_of_arguments
 
 logger = logging.getLogger(__name__)
 

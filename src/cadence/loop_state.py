@@ -1,5 +1,5 @@
 """The state of one ``train()`` call's loop: where the data is, what was summed since the last log,
-and the per-step values the loop's helpers share.
+the per-step values the loop's helpers share, and the run's final metrics (``train_loss``, speed, FLOPs).
 
 ``LoopState`` is what a checkpoint keeps of the loop (``loop_state.json``, through ``state_dict``),
 so a resumed run logs exactly what an unbroken one logs; everything else on it lives only for the
@@ -9,7 +9,9 @@ out from the per-device batch, the accumulation and the number of processes.
 
 from __future__ import annotations
 
+import logging
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -17,7 +19,9 @@ from typing import Any, Callable
 import torch
 
 from . import data
-from .trainer_utils import has_length
+from .trainer_utils import estimate_mfu, has_length, speed_metrics
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,50 @@ class BatchLayout:
     def steps_per_epoch(self, batches: int) -> int:
         """Optimizer steps of an epoch of ``batches`` micro-batches per process (the last one may be shorter)."""
         return max(math.ceil(batches / self.gradient_accumulation_steps), 1)
+
+
+def step_counts(args: Any, layout: BatchLayout, batches: int | None, dataset: Any) -> tuple[int, int, int | None]:
+    """``(max_steps, num_train_epochs, micro-batches per epoch or None)`` of a run, transformers' rules: ``max_steps``
+    when set, else ``num_train_epochs`` epochs of ``batches`` (None: a stream, trained for ``max_steps``).
+
+    Raises:
+        ValueError: an epoch without a batch (``dataloader_drop_last`` and fewer samples than a batch).
+    """
+    if batches is None:
+        return args.max_steps, 2**62, None
+    if batches == 0:
+        raise ValueError(
+            f"the training dataloader has no batch: {len(dataset)} samples with "
+            f"per_device_train_batch_size={args.per_device_train_batch_size} and dataloader_drop_last=True; "
+            "lower the batch size or set dataloader_drop_last=False"
+        )
+    steps_per_epoch = layout.steps_per_epoch(batches)
+    if args.max_steps > 0:
+        return args.max_steps, math.ceil(args.max_steps / steps_per_epoch), batches
+    return math.ceil(args.num_train_epochs * steps_per_epoch), math.ceil(args.num_train_epochs), batches
+
+
+def transformers_step_counts(args: Any, total_batch: int, batches: int | None, num_examples: Callable[[], int]
+                             ) -> tuple[int, int, int, int, int, int | None, int]:
+    """transformers' ``set_initial_training_values``: ``(num_train_epochs, num_update_steps_per_epoch, num_examples,
+    num_train_samples, total_train_batch_size, steps_in_epoch, max_steps)`` of a run of ``batches`` micro-batches an
+    epoch (None: a stream, which needs ``max_steps > 0`` and counts ``sys.maxsize`` epochs of ``max_steps`` steps).
+    """
+    ga = args.gradient_accumulation_steps
+    if batches is not None:
+        per_epoch = max(math.ceil(batches / ga), 1)
+        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+        examples = num_examples()
+        if args.max_steps > 0:
+            epochs, samples = math.ceil(max_steps / per_epoch), max_steps * total_batch
+        else:
+            epochs, samples = math.ceil(args.num_train_epochs), examples * args.num_train_epochs
+        return epochs, per_epoch, examples, samples, total_batch, batches, max_steps
+    if args.max_steps <= 0:
+        raise ValueError(f"args.max_steps must be set to a positive value if dataloader does not have a length, "
+                         f"was {args.max_steps}")
+    max_steps = args.max_steps
+    return sys.maxsize, max_steps, total_batch * max_steps, total_batch * max_steps, total_batch, max_steps * ga, max_steps
 
 
 def data_identity(dataset: Any) -> dict[str, Any]:
@@ -101,8 +149,7 @@ class LoopState:
         self.start_time = time.time()
         self.params: list[torch.nn.Parameter] = []  # read once, used every step (frozen ones have no grad)
         self.skipped = self.skipped_total = 0  # optimizer steps fp16 loss scaling skipped (inf/NaN gradients)
-        # count items only where the count changes the result: accumulation or several processes
-        self.count_items = layout is not None and (layout.gradient_accumulation_steps > 1 or layout.world_size > 1)
+        self.count_items = False  # whether each step's items are counted (loss.counts_items decides)
         self.micro_batch_rows: int | None = None  # auto_find_batch_size: each batch cut into pieces of this many rows
         self.micro_batches = 0  # micro-batches of the current step
         self.items: torch.Tensor | None = None  # items of the current step over all processes (None: not counted)
@@ -121,6 +168,73 @@ class LoopState:
         for inputs in window:
             self.tokens.add(inputs)
             self.flos += floating_point_ops(inputs)
+
+    def store_counts(self, state: Any) -> None:
+        """Tokens and FLOPs of all processes into ``state`` (a host sync: only when logging or saving)."""
+        counted = int(self.backend.reduce_sum_data_parallel(self.tokens.total(self.backend.device)).item())
+        # added, not assigned: a subclass's own additions to the state (TRL's GRPO counts its tokens) are kept
+        state.num_input_tokens_seen += counted - self.tokens_stored
+        self.tokens_stored = counted
+        flos = torch.tensor(self.flos, dtype=torch.float64, device=self.backend.device)
+        state.total_flos = self.initial_total_flos + self.backend.reduce_sum_data_parallel(flos).item()
+
+    def final_metrics(self, state: Any, total_train_batch_size: int, count_tokens: bool,
+                      world_size: int) -> tuple[float, dict[str, Any]]:
+        """The run's ``train_loss`` and its ``train_*`` metrics, once the run ended (the last interval closed and
+        the counts stored into ``state``, the ``TrainerState``).
+
+        Args:
+            state: the run's ``TrainerState``.
+            total_train_batch_size: samples per optimizer step over all processes.
+            count_tokens: report ``train_tokens_per_second`` (``include_num_input_tokens_seen``).
+            world_size: processes (for the MFU).
+
+        Returns:
+            ``(train_loss, metrics)``: the mean loss over the run's finite steps (after a resume from a checkpoint
+            without cadence's sums: this call's steps), and runtime, speed, ``total_flos``, ``train_mfu`` (on GPUs
+            of known peak), ``train_loss`` and the skipped or non-finite step counts when there were any.
+        """
+        self.close_interval()  # the steps since the last log count in train_loss
+        self.store_counts(state)
+        steps, bad = max(state.global_step - self.first_step, 1), self.nonfinite_total
+        train_loss = self.mean(self.total, steps, bad)  # over the finite steps
+        if bad == steps:
+            logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
+        steps = state.global_step - self.resumed_step  # speed counts this call's steps only
+        tokens = state.num_input_tokens_seen - self.initial_num_input_tokens_seen
+        metrics = speed_metrics("train", self.start_time, num_samples=steps * total_train_batch_size, num_steps=steps,
+                                num_tokens=tokens if count_tokens else None)
+        metrics["total_flos"] = state.total_flos
+        mfu = estimate_mfu(state.total_flos - self.initial_total_flos, metrics["train_runtime"], self.backend.device,
+                           world_size)
+        if mfu is not None:  # on GPUs of known peak only
+            metrics["train_mfu"] = mfu
+        metrics["train_loss"] = train_loss
+        skipped = self.skipped_total + self.skipped
+        if skipped:
+            metrics["train_skipped_optimizer_steps"] = skipped
+        if bad:
+            metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
+        return train_loss, metrics
+
+    def interval_logs(self, global_step: int) -> dict[str, Any]:
+        """The training log of the steps since the last log: their mean ``loss`` over the finite ones (the one host
+        sync of a log), and how many were non-finite or skipped by fp16 loss scaling (warned), when any."""
+        interval_loss, bad = self.close_interval()
+        steps = global_step - self.last_logged_step
+        logs: dict[str, Any] = {"loss": self.mean(interval_loss, steps, bad)}
+        if bad:
+            logs["nonfinite_losses"] = bad
+            logger.warning("%d of %d steps (%d-%d) had a non-finite loss: left out of the logged loss (the mean "
+                           "of the others%s)", bad, steps, self.last_logged_step + 1, global_step,
+                           "; none was finite, so it is NaN" if bad == steps else "")
+        if self.skipped:
+            logs["skipped_optimizer_steps"] = self.skipped
+            logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
+                           self.skipped, self.last_logged_step + 1, global_step)
+            self.skipped_total += self.skipped
+            self.skipped = 0
+        return logs
 
     def state_dict(self) -> dict[str, Any]:
         """Plain numbers (a float64 goes through JSON exactly); sums over processes (a collective)."""

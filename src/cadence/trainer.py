@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
 import functools
 import inspect
 import json
@@ -32,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
-from . import checks, output_guard, peft_support
+from . import checks, output_guard, peft_support, script_metrics
 from .backend import AcceleratorView, Backend, accelerator_kwargs, any_process, every_process
 from .checkpoint import background, formats, manifest, save_load, signals, writer
 # transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
@@ -40,7 +39,7 @@ from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRA
 from .checkpoint.rng import capture_rng_state, restore_rng_state
 from .checkpoint.resume import ResumePoint, agreed_checkpoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
 from .integrations import base as trackers, registry as integrations
-from .loop_state import BatchLayout, LoopState, data_identity
+from .loop_state import BatchLayout, LoopState, data_identity, step_counts, transformers_step_counts
 from .memory_metrics import TrainerMemoryTracker
 from .trainer_callback import (
     CallbackHandler,
@@ -58,7 +57,6 @@ from .trainer_utils import (
     PredictionOutput,
     TrainOutput,
     enable_full_determinism,
-    estimate_mfu,
     has_length,
     set_seed,
     speed_metrics,
@@ -103,20 +101,6 @@ def _state_at_save(state: TrainerState) -> TrainerState:
     saved = copy.copy(state)
     saved.log_history = list(state.log_history)
     return saved
-
-
-class _Uploads:
-    """transformers' ``PushInProgress``: the futures of one push to the Hub."""
-
-    def __init__(self, jobs: list):
-        self.jobs = jobs
-
-    def is_done(self) -> bool:
-        return all(job.done() for job in self.jobs)
-
-    def wait_until_done(self) -> None:
-        for job in self.jobs:
-            job.result()
 
 
 class Trainer:
@@ -198,11 +182,11 @@ class Trainer:
 
         # what the model's loss does with labels, read once
         self.label_smoother = loss_utils.label_smoother_for(model, args.label_smoothing_factor)
-        self.model_accepts_loss_kwargs = self._accepts_loss_kwargs(model)
+        self.model_accepts_loss_kwargs = loss_utils.divides_by_items(model)
         self._shifts_labels = data.loss_shifts_labels(model)
         # transformers' find_labels and can_return_loss, read from the model's class (a PEFT model: its base model's)
-        self.label_names = args.label_names if args.label_names is not None else self._default_label_names(model)
-        self.can_return_loss = self._can_return_loss(model)
+        self.label_names = args.label_names if args.label_names is not None else data.label_names(model)
+        self.can_return_loss = loss_utils.can_return_loss(model)
         self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         params = inspect.signature(self.compute_loss).parameters  # a subclass's override may not take the count
         self._compute_loss_takes_items = "num_items_in_batch" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
@@ -277,55 +261,6 @@ class Trainer:
         self._refuse_ignored_overrides()
 
     @staticmethod
-    def _accepts_loss_kwargs(model: nn.Module) -> bool:
-        """Whether the model divides its loss by ``num_items_in_batch`` itself: ``model.accepts_loss_kwargs``
-        if set; else a ``num_items_in_batch`` parameter; else a ``**kwargs`` forward whose code hands them to
-        a loss (``self.loss_function``, or names ``num_items_in_batch``). transformers takes any ``**kwargs``
-        as a yes, so BERT's classification heads (which take ``**kwargs`` but average their own loss) count
-        a GA-k step k times there; cadence weights such a model's mean by its share of the step's items."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: its base
-        flag = getattr(model, "accepts_loss_kwargs", None)
-        if flag is not None:
-            return bool(flag)
-        params = inspect.signature(model.forward).parameters
-        if "num_items_in_batch" in params:
-            return True
-        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            return False
-        try:
-            source = inspect.getsource(type(model).forward)
-        except (OSError, TypeError):  # no source to read (compiled, built in the REPL): transformers' rule
-            return True
-        return "loss_function" in source or "num_items_in_batch" in source
-
-    @staticmethod
-    def _default_label_names(model: nn.Module) -> list[str]:
-        """transformers' ``find_labels``: the forward's parameters named like labels (a question-answering model's
-        span positions too); ``[]`` for a model that takes none (sentence-transformers'), as in transformers."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: its base
-        params = inspect.signature(type(model).forward).parameters
-        qa = "QuestionAnswering" in type(model).__name__
-        return [n for n in params if "label" in n or (qa and n in ("start_positions", "end_positions"))]
-
-    @staticmethod
-    def _can_return_loss(model: nn.Module) -> bool:
-        """transformers' ``can_return_loss``: the forward has ``return_loss=True`` (CLIP-like models), so evaluation
-        asks it for a loss without labels."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model
-        param = inspect.signature(type(model).forward).parameters.get("return_loss")
-        return param is not None and param.default is True
-
-    @staticmethod
-    def _transformers_accepts_loss_kwargs(model: nn.Module) -> bool:
-        """transformers' ``model_accepts_loss_kwargs`` (the flag, else any ``**kwargs`` forward): where transformers
-        counts a step's items for ``compute_loss``."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model
-        flag = getattr(model, "accepts_loss_kwargs", None)
-        if flag is not None:
-            return bool(flag)
-        return any(p.kind == p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values())
-
-    @staticmethod
     def _default_collator(processing_class: Any) -> Callable:
         """HF's choice: dynamic padding for a tokenizer (anything with ``pad_token_id``), else stacking."""
         if processing_class is not None and hasattr(processing_class, "pad_token_id"):
@@ -367,76 +302,17 @@ class Trainer:
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
         """The training sampler: shuffled per epoch (``EpochSampler``), in order, or grouped by length."""
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if data.is_iterable_dataset(dataset):
-            return None
-        args = self.args
-        seed = args.data_seed if args.data_seed is not None else args.seed
-        if args.train_sampling_strategy == "group_by_length":
-            names = getattr(self.processing_class, "model_input_names", None)
-            lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
-            global_batch = self._batch_layout(args).global_batch
-            return data.LengthGroupedSampler(global_batch, lengths=lengths, seed=seed, rank=self.backend.data_parallel_rank,
-                                             world_size=self.backend.data_parallel_size)
-        if args.train_sampling_strategy == "batch_rebalance":  # micro-batches of balanced cost: a batch sampler
-            names = getattr(self.processing_class, "model_input_names", None)
-            lengths = data.sample_lengths(dataset, names[0] if names else "input_ids", args.length_column_name)
-            return data.BatchRebalanceSampler(lengths, self._batch_layout(args).global_batch,
-                                              self.backend.data_parallel_size, args.gradient_accumulation_steps,
-                                              seed=seed, rank=self.backend.data_parallel_rank,
-                                              drop_last=args.dataloader_drop_last)
-        shuffle = args.train_sampling_strategy != "sequential"
-        # one share per data-parallel rank: the processes of a tensor-parallel group read the same batches
-        return data.EpochSampler(len(dataset), shuffle, seed, self.backend.data_parallel_rank, self.backend.data_parallel_size)
+        names = getattr(self.processing_class, "model_input_names", None)
+        return data.train_sampler(train_dataset if train_dataset is not None else self.train_dataset, self.args,
+                                  names[0] if names else "input_ids", self._batch_layout(self.args).global_batch,
+                                  self.backend.data_parallel_rank, self.backend.data_parallel_size)
 
     def _dataloader(self, dataset: Any, batch_size: int, description: str | None = None,
                     sampler: torch.utils.data.Sampler | None = None, evaluation: bool = False) -> DataLoader:
-        """A DataLoader over ``dataset``: evaluation in dataset order over processes, training with ``sampler``
-        (None, as ``_get_train_sampler`` gives for a stream: the DataLoader's own order, as transformers)."""
-        args = self.args
+        """A DataLoader over ``dataset`` without its unused columns (``data.build_dataloader``)."""
         dataset, collate_fn = self._columns_for(dataset, description)
-        # a bad row (None, text) named by its dataset and index, not by torch's collate or the model's forward
-        collate_fn = data.NamedRows(collate_fn, None if data.is_iterable_dataset(dataset) else dataset, description)
-        kwargs: dict[str, Any] = dict(
-            batch_size=batch_size,
-            collate_fn=collate_fn,
-            num_workers=args.dataloader_num_workers,
-            pin_memory=self.backend.pin_memory(args.dataloader_pin_memory),
-            drop_last=args.dataloader_drop_last,
-        )
-        if args.dataloader_num_workers > 0:  # python/numpy/torch seeded per worker and process: runs repeat
-            kwargs.update(worker_init_fn=functools.partial(data.init_worker, num_workers=args.dataloader_num_workers,
-                                                           rank=args.process_index,
-                                                           ignore_stop_signals=args.enable_jit_checkpoint),
-                          persistent_workers=args.dataloader_persistent_workers,
-                          prefetch_factor=args.dataloader_prefetch_factor,
-                          multiprocessing_context=args.dataloader_multiprocessing_context,
-                          in_order=args.dataloader_in_order)
-        if evaluation and data.is_iterable_dataset(dataset) and args.world_size > 1:
-            raise ValueError(
-                f"{description or 'evaluation'} on an iterable dataset with {args.world_size} processes is not supported: "
-                "its last, padded batch cannot be told from real rows, so metrics would count some rows twice; "
-                "pass a map-style dataset (with __len__) or evaluate on one process"
-            )
-        if data.is_iterable_dataset(dataset) and args.world_size > 1:  # each process its share of a stream
-            dataset = data.IterableShard(dataset, batch_size, self.backend.data_parallel_rank,
-                                         self.backend.data_parallel_size, args.dataloader_drop_last)
-        if evaluation and sampler is None and not data.is_iterable_dataset(dataset):  # dataset order over processes
-            kwargs["batch_sampler"] = data.EvalBatchSampler(len(dataset), batch_size, self.backend.data_parallel_rank,
-                                                            self.backend.data_parallel_size, kwargs.pop("drop_last"))
-            del kwargs["batch_size"]
-        elif isinstance(sampler, data.BatchRebalanceSampler):  # it makes the (variable-size) batches itself
-            kwargs["batch_sampler"] = sampler
-            del kwargs["batch_size"], kwargs["drop_last"]
-        elif sampler is not None and not evaluation and self.backend.data_parallel_size > 1 and not isinstance(
-                sampler, data.EpochSampler):  # a subclass's own sampler: each rank its batches, as accelerate deals them
-            kwargs["batch_sampler"] = data.shard_sampler(sampler, batch_size, kwargs.pop("drop_last"),
-                                                         self.backend.data_parallel_rank,
-                                                         self.backend.data_parallel_size, self.accelerator.even_batches)
-            del kwargs["batch_size"]
-        elif sampler is not None:
-            kwargs["sampler"] = sampler
-        return data.TrainerDataLoader(dataset, num_processes=args.world_size, **kwargs)
+        return data.build_dataloader(dataset, collate_fn, batch_size, self.args, self.backend, description, sampler,
+                                     evaluation, even_batches=lambda: self.accelerator.even_batches)
 
     def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
         """The evaluation sampler; None (transformers' choice on several processes) means cadence's evaluation
@@ -587,17 +463,7 @@ class Trainer:
             0.0
         """
         self._require_optimizer()
-        if isinstance(param, str):
-            named = dict(self.backend.unwrap(self.model).named_parameters())
-            if param not in named:
-                raise ValueError(f"get_optimizer_group({param!r}): the model has no parameter of that name; "
-                                 f"its parameters are {sorted(named)[:8]}{' ...' if len(named) > 8 else ''}")
-            param = named[param]
-        if param is not None:
-            for group in self.optimizer.param_groups:
-                if any(p is param for p in group["params"]):  # identity: == on tensors compares values
-                    return group
-        return [group["params"] for group in self.optimizer.param_groups]
+        return optimization.optimizer_group(self.optimizer, self.backend.unwrap(self.model), param)
 
     def _require_optimizer(self) -> None:
         if self.optimizer is None:
@@ -746,23 +612,6 @@ class Trainer:
             hooks.append(overflow.UnderflowOverflowDetector(model, lambda: self.state.global_step))
         return hooks
 
-    def _step_counts(self, dataloader: DataLoader, layout: BatchLayout) -> tuple[int, int, int | None]:
-        """(max_steps, num_train_epochs, micro-batches per epoch or None), HF's rules."""
-        args = self.args
-        if not has_length(dataloader):
-            return args.max_steps, 2**62, None
-        batches = len(dataloader)
-        if batches == 0:
-            raise ValueError(
-                f"the training dataloader has no batch: {len(self.train_dataset)} samples with "
-                f"per_device_train_batch_size={args.per_device_train_batch_size} and dataloader_drop_last=True; "
-                "lower the batch size or set dataloader_drop_last=False"
-            )
-        steps_per_epoch = layout.steps_per_epoch(batches)
-        if args.max_steps > 0:
-            return args.max_steps, math.ceil(args.max_steps / steps_per_epoch), batches
-        return math.ceil(args.num_train_epochs * steps_per_epoch), math.ceil(args.num_train_epochs), batches
-
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None) -> TrainOutput:
         """The loop: epoch -> optimizer step -> micro-batch (transformers' signature, which subclasses call).
 
@@ -779,7 +628,8 @@ class Trainer:
         checks.check_trainable(self.model)
         train_dataloader = self.get_train_dataloader()
         layout = self._batch_layout(args)
-        max_steps, num_train_epochs, batches_per_epoch = self._step_counts(train_dataloader, layout)
+        max_steps, num_train_epochs, batches_per_epoch = step_counts(
+            args, layout, len(train_dataloader) if has_length(train_dataloader) else None, self.train_dataset)
         if self._created_lr_scheduler:  # a finished schedule would train at its last rate (often 0)
             self.lr_scheduler, self._created_lr_scheduler = None, False
         self.create_optimizer_and_scheduler(max_steps)
@@ -805,10 +655,8 @@ class Trainer:
         job = output_guard.job_identity()  # saved with the data's identity: a restarted torchrun job finds its own
         loop = LoopState(self.backend, args.logging_nan_inf_filter, tokens, layout, batches_per_epoch,
                          {**data_identity(self.train_dataset), **({"job": job} if job else {})})
-        # transformers counts a step's items for compute_loss whenever the batches have labels and the model takes loss
-        # kwargs (or a compute_loss_func is set); cadence too, besides where its own weighting needs the count
-        loop.count_items = (loop.count_items or self.compute_loss_func is not None
-                            or self._transformers_accepts_loss_kwargs(self.model))
+        loop.count_items = loss_utils.counts_items(layout.gradient_accumulation_steps, layout.world_size,
+                                                   self.compute_loss_func, self.model)
         resume = None
         if resume_from_checkpoint is not None:
             resume = save_load.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
@@ -839,7 +687,8 @@ class Trainer:
                 if not window:
                     break
                 loop.batches_in_epoch += len(window)
-                loop.items = self._window_items(window) if loop.count_items or loop.micro_batch_rows else None
+                loop.items = (loss_utils.step_items(window, self._shifts_labels, self.backend)
+                              if loop.count_items or loop.micro_batch_rows else None)
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._forward_backward(model, window, loop)  # ---- micro-batches
                 # counted after the step, as transformers: a training_step that rewrites its batch in place (TRL's
@@ -895,44 +744,25 @@ class Trainer:
 
     def _begin_epoch(self, train_dataloader: DataLoader, epoch: int, resume: ResumePoint | None, loop: LoopState):
         """Order the epoch's data (after a resume: without the batches already trained), fire
-        ``on_epoch_begin`` and return the batch iterator; ``loop``'s position is set to the epoch's start."""
-        skip = resume.skip_batches if resume is not None else 0  # trained batches: never loaded again
+        ``on_epoch_begin`` and return the batch iterator (``data.epoch_batches``); ``loop``'s position is set to
+        the epoch's start."""
         # a subclass's get_resumed_dataloader (transformers 5.25) alone skips the trained batches, from the whole epoch
         own_skip = None
         if resume is not None and type(self).get_resumed_dataloader is not Trainer.get_resumed_dataloader:
-            own_skip, skip = self.get_resumed_dataloader, 0
-        loop.epoch, loop.batches_in_epoch = epoch, skip if own_skip is None else resume.trained_batches
-        stream = not has_length(train_dataloader)
-        data.set_epoch(train_dataloader, epoch, 0 if stream else skip * self.args.train_batch_size, skip_batches=skip)
+            own_skip = self.get_resumed_dataloader
+        loop.epoch = epoch
+        loop.batches_in_epoch = 0 if resume is None else resume.trained_batches if own_skip else resume.skip_batches
 
         def begin_epoch() -> None:
             self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)
 
-        if resume is not None:  # the RNGs, and a stream's state, restored where the saving run was
-            batches = resume.start_epoch(train_dataloader, begin_epoch, own_skip)
-        else:
-            begin_epoch()
-            batches = iter(train_dataloader)
-        # one batch collated ahead, as transformers' dataloader; the RNGs it was drawn from kept only where a
-        # checkpoint may be written and the main process collates (a resume then draws it again from them)
+        # the RNGs each pending batch was drawn from, kept only where a checkpoint may be written and the main process
+        # collates (a resume then draws it again from them)
         keep = (self.args.save_strategy != "no" or self.args.enable_jit_checkpoint) and not self.args.dataloader_num_workers
-        stream = data.stateful_stream(train_dataloader)  # its position before the pending batch, always (cheap)
-
-        def capture() -> dict:
-            return {"rng": capture_rng_state(self.args.world_size) if keep else None,
-                    "stream": None if stream is None else stream.state_dict()}
-
-        inside = resume is not None and (resume.skip_batches or resume.trained_batches)  # a pending batch was saved
-        look_ahead = (resume.rng or {}).get("look_ahead") if inside else None
-        replay = None if look_ahead is None else (lambda: restore_rng_state(look_ahead),
-                                                  lambda: restore_rng_state(resume.rng))
-        loop.batches = data.LookAhead(batches, capture if keep or stream is not None else None, replay)
+        capture = functools.partial(capture_rng_state, self.args.world_size) if keep else None
+        loop.batches = data.epoch_batches(train_dataloader, epoch, begin_epoch, self.args.train_batch_size, resume,
+                                          own_skip, capture, restore_rng_state)
         return loop.batches
-
-    def _window_items(self, window: list) -> torch.Tensor | None:
-        """Items of one optimizer step over all processes (None when the batches carry no labels)."""
-        items = loss_utils.window_items(window, self._shifts_labels)
-        return None if items is None else self.backend.reduce_sum_data_parallel(items.to(self.backend.device))
 
     def _forward_backward(self, model: nn.Module, window: list, loop: LoopState) -> None:
         """Forward and backward of a step's micro-batches, gradients synced on the last only.
@@ -1015,22 +845,9 @@ class Trainer:
         loop = self._loop
         self._collect_save(wait=False)  # a background save written since: on_save now (its error: raised now)
         if self.control.should_log or self.control.should_save:
-            self._store_counts(loop)
+            loop.store_counts(self.state)
         if self.control.should_log and self.state.global_step > loop.last_logged_step:
-            interval_loss, bad = loop.close_interval()  # the one host sync of a log
-            steps = self.state.global_step - loop.last_logged_step
-            logs: dict[str, float] = {"loss": loop.mean(interval_loss, steps, bad)}
-            if bad:
-                logs["nonfinite_losses"] = bad
-                logger.warning("%d of %d steps (%d-%d) had a non-finite loss: left out of the logged loss (the mean "
-                               "of the others%s)", bad, steps, loop.last_logged_step + 1, self.state.global_step,
-                               "; none was finite, so it is NaN" if bad == steps else "")
-            if loop.skipped:
-                logs["skipped_optimizer_steps"] = loop.skipped
-                logger.warning("fp16 loss scaling skipped %d optimizer step(s) with inf/NaN gradients in steps %d-%d",
-                               loop.skipped, loop.last_logged_step + 1, self.state.global_step)
-                loop.skipped_total += loop.skipped
-                loop.skipped = 0
+            logs = loop.interval_logs(self.state.global_step)  # the one host sync of a log
             if grad_norm is not None:
                 logs["grad_norm"] = grad_norm.item() if torch.is_tensor(grad_norm) else grad_norm
             logs["learning_rate"] = learning_rate if learning_rate is not None else self._get_learning_rate()
@@ -1095,39 +912,10 @@ class Trainer:
             self.state.best_global_step = self.state.global_step
         return True
 
-    def _store_counts(self, loop: LoopState) -> None:
-        """Tokens and FLOPs of all processes into the state (a host sync: only when logging or saving)."""
-        counted = int(self.backend.reduce_sum_data_parallel(loop.tokens.total(self.backend.device)).item())
-        # added, not assigned: a subclass's own additions to the state (TRL's GRPO counts its tokens) are kept
-        self.state.num_input_tokens_seen += counted - loop.tokens_stored
-        loop.tokens_stored = counted
-        flos = torch.tensor(loop.flos, dtype=torch.float64, device=self.backend.device)
-        self.state.total_flos = loop.initial_total_flos + self.backend.reduce_sum_data_parallel(flos).item()
-
     def _finish_training(self, loop: LoopState) -> TrainOutput:
         self._collect_save(wait=True, reason="train() returns")  # every checkpoint complete, its on_save fired
-        loop.close_interval()  # the steps since the last log count in train_loss
-        self._store_counts(loop)
-        steps, bad = max(self.state.global_step - loop.first_step, 1), loop.nonfinite_total
-        train_loss = loop.mean(loop.total, steps, bad)  # over the finite steps
-        if bad == steps:
-            logger.warning("train_loss is NaN: the loss of every one of the %d steps was non-finite", steps)
-        steps = self.state.global_step - loop.resumed_step  # speed counts this call's steps only
-        num_samples = steps * self.get_total_train_batch_size(self.args)
-        tokens = self.state.num_input_tokens_seen - loop.initial_num_input_tokens_seen
-        metrics = speed_metrics("train", loop.start_time, num_samples=num_samples, num_steps=steps,
-                                num_tokens=tokens if self.args.include_num_input_tokens_seen != "no" else None)
-        metrics["total_flos"] = self.state.total_flos
-        mfu = estimate_mfu(self.state.total_flos - loop.initial_total_flos, metrics["train_runtime"],
-                           self.backend.device, self.args.world_size)
-        if mfu is not None:  # on GPUs of known peak only
-            metrics["train_mfu"] = mfu
-        metrics["train_loss"] = train_loss
-        skipped = loop.skipped_total + loop.skipped
-        if skipped:
-            metrics["train_skipped_optimizer_steps"] = skipped
-        if bad:
-            metrics["train_nonfinite_losses"] = bad  # steps left out of train_loss
+        train_loss, metrics = loop.final_metrics(self.state, self.get_total_train_batch_size(self.args),
+                                                 self.args.include_num_input_tokens_seen != "no", self.args.world_size)
         self._memory_tracker.stop_and_update_metrics("train", metrics)
         jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, signals.JITCheckpointCallback)), None)
         self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
@@ -1173,11 +961,9 @@ class Trainer:
         if not (torch.is_tensor(loss) and loss.dim() == 0 and loss.requires_grad):
             checks.check_loss(loss, self._loss_source(model))
         normalised = num_items_in_batch is not None and self._loss_is_normalised()
-        weight = loss_utils.micro_batch_weight(
-            inputs, normalised, num_items_in_batch, self.current_gradient_accumulation_steps, self._shifts_labels
-        )
-        if num_items_in_batch is not None and not normalised:  # a normalised loss is scaled in compute_loss
-            weight = weight * self.backend.data_parallel_size  # data parallelism averages gradients over its ranks
+        weight = loss_utils.micro_batch_weight(inputs, normalised, num_items_in_batch,
+                                               self.current_gradient_accumulation_steps, self._shifts_labels,
+                                               self.backend.data_parallel_size)
         if torch.is_tensor(weight):
             loss = loss * weight.to(loss.dtype)  # the ratio in the loss's precision (float64 models stay exact)
         elif weight != 1.0:
@@ -1237,13 +1023,11 @@ class Trainer:
         elif labels is not None:
             loss = self.label_smoother(outputs, labels, shift_labels=self._shifts_labels, num_items_in_batch=num_items_in_batch)
         else:
-            loss = self._loss_from_outputs(outputs, inputs)
-        normalised = self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
-        if num_items_in_batch is not None and normalised and model.training and self.backend.data_parallel_size > 1:
-            # transformers' contract, which subclasses (TRL's) follow in their own compute_loss: in training, a loss
-            # divided by every process's items comes back times the data-parallel size, as the ranks' gradients are
-            # averaged (evaluation passes a batch's own items: nothing to average)
-            loss = loss * self.backend.data_parallel_size
+            loss = loss_utils.loss_from_outputs(outputs, inputs)
+        normalised = loss_utils.returns_normalised(self.model_accepts_loss_kwargs, self.compute_loss_func,
+                                                   self.label_smoother)
+        loss = loss_utils.data_parallel_scale(loss, num_items_in_batch, normalised, model.training,
+                                              self.backend.data_parallel_size)
         return (loss, outputs) if return_outputs else loss
 
     def _loss_source(self, model: nn.Module) -> str:
@@ -1260,23 +1044,8 @@ class Trainer:
         parameter cannot normalise, so its mean is weighted by the batch's share of the step's items."""
         if self.loss_is_scaled_for_ga is not None:
             return self.loss_is_scaled_for_ga
-        if not self._compute_loss_takes_items:
-            return False
-        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
-
-    def _loss_from_outputs(self, outputs: Any, inputs: Any) -> torch.Tensor:
-        if isinstance(outputs, Mapping) and outputs.get("loss") is not None:
-            return outputs["loss"]
-        if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
-            return outputs[0]
-        if torch.is_tensor(outputs) and outputs.dim() == 0:
-            return outputs
-        keys = list(outputs.keys()) if isinstance(outputs, Mapping) else type(outputs).__name__
-        given = list(inputs.keys()) if isinstance(inputs, Mapping) else type(inputs).__name__
-        raise ValueError(
-            f"the model did not return a loss (it returned {keys}; its inputs were {given}). Give the batches "
-            "'labels' the model uses to compute its loss, pass compute_loss_func=..., or override compute_loss"
-        )
+        return self._compute_loss_takes_items and loss_utils.returns_normalised(
+            self.model_accepts_loss_kwargs, self.compute_loss_func, self.label_smoother)
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> float:
         """Forward and backward FLOPs of one batch, counted as transformers counts them: 6 x parameters (embeddings
@@ -1408,11 +1177,13 @@ class Trainer:
             real_rows = 0 if is_padding(step) else rows
             observed += real_rows
             if loss is not None and real_rows:
-                loss_mean.add(loss, self._eval_items(inputs, rows))
+                loss_mean.add(loss, loss_utils.eval_items(inputs, rows, self._shifts_labels))
             if not prediction_loss_only:
                 if self.preprocess_logits_for_metrics is not None and logits is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
-                outputs = gather(self._metric_inputs(inputs, loss, logits, labels, rows), real_rows)
+                step_outputs = evaluation.metric_inputs(inputs, loss, logits, labels, rows, args.include_for_metrics,
+                                                      getattr(self.model, "main_input_name", "input_ids"))
+                outputs = gather(step_outputs, real_rows)
                 if keep:
                     collected.add(outputs)
                 if per_batch and self.compute_metrics is not None and logits is not None and labels is not None:
@@ -1429,20 +1200,6 @@ class Trainer:
         metrics = evaluation.prefix_metrics(metrics, metric_key_prefix)
         num_samples = len(dataset) if has_length(dataset) else observed * self.backend.data_parallel_size
         return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
-
-    def _metric_inputs(self, inputs: Any, loss, logits, labels, rows: int) -> dict[str, Any]:
-        """One step's predictions and labels, plus what ``include_for_metrics`` asks for (a loss per row)."""
-        step = {"predictions": logits, "label_ids": labels}
-        if "inputs" in self.args.include_for_metrics and isinstance(inputs, Mapping):
-            step["inputs"] = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
-        if "loss" in self.args.include_for_metrics and loss is not None:
-            step["losses"] = loss.detach().reshape(1).repeat(rows)
-        return step
-
-    def _eval_items(self, inputs: Any, rows: int) -> torch.Tensor | int:
-        """Items behind one batch's mean loss: counted as in training (``data.batch_items``), else its rows."""
-        items = data.batch_items(inputs, self._shifts_labels)
-        return rows if items is None else items
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
@@ -1634,7 +1391,10 @@ class Trainer:
     def push_in_progress(self):
         """The Hub upload still running from the last push (``.is_done()``), or None (transformers' attribute)."""
         jobs = [job for job, _ in self.hub_repo.in_flight] if self.hub_repo is not None else []
-        return _Uploads(jobs) if jobs else None
+        if not jobs:
+            return None
+        from . import hub
+        return hub.PushInProgress(jobs)
 
     def _load_callback_state(self) -> None:
         """With ``restore_callback_states_from_checkpoint``: rebuild the stateful callbacks and the
@@ -1821,59 +1581,10 @@ class Trainer:
         """Whether this is the main process of its node (local rank 0)."""
         return self.args.local_process_index == 0
 
-    @staticmethod
-    def metrics_format(metrics: dict[str, float]) -> dict[str, Any]:
-        """Metrics for reading: runtimes as ``h:mm:ss.cc``, ``total_flos`` in GF, memory in MB, floats to 4 decimals.
-
-        Example:
-            >>> Trainer.metrics_format({"train_runtime": 62.5, "train_loss": 1.234567})
-            {'train_runtime': '0:01:02.50', 'train_loss': 1.2346}
-        """
-        formatted: dict[str, Any] = {}
-        for key, value in metrics.items():
-            if "_mem_" in key:
-                formatted[key] = f"{value >> 20}MB"
-            elif "_runtime" in key:
-                whole = int(value)
-                formatted[key] = f"{datetime.timedelta(seconds=whole)}.{int(abs(value - whole) * 100):02d}"
-            elif key == "total_flos":
-                formatted[key] = f"{int(value) >> 30}GF"
-            else:
-                formatted[key] = round(value, 4) if isinstance(value, float) else value
-        return formatted
-
-    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
-        """Print ``metrics`` as an aligned table headed ``***** {split} metrics *****`` (main process only).
-
-        Args:
-            split: ``"train"``, ``"eval"``, ``"test"``, ...
-            metrics: what ``train().metrics``, ``evaluate()`` or ``predict().metrics`` returned.
-        """
-        if not self.is_world_process_zero():
-            return
-        print(f"***** {split} metrics *****")
-        formatted = self.metrics_format(metrics)
-        key_width = max((len(str(k)) for k in formatted), default=0)
-        value_width = max((len(str(v)) for v in formatted.values()), default=0)
-        for key in sorted(formatted):
-            print(f"  {key: <{key_width}} = {formatted[key]:>{value_width}}")
-
-    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
-        """Write ``{output_dir}/{split}_results.json`` and, with ``combined``, merge into ``all_results.json``
-        (main process only; JSON with 4-space indent and sorted keys, as transformers writes them).
-
-        Example:
-            >>> trainer.save_metrics("eval", trainer.evaluate())
-        """
-        if not self.is_world_process_zero():
-            return
-        out = Path(self.args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{split}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True), encoding="utf-8")
-        if combined:
-            path = out / "all_results.json"
-            merged = {**(json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}), **metrics}
-            path.write_text(json.dumps(merged, indent=4, sort_keys=True), encoding="utf-8")
+    # the metrics scripts print and write (transformers defines these in trainer_pt_utils as functions of the Trainer)
+    metrics_format = staticmethod(script_metrics.metrics_format)
+    log_metrics = script_metrics.log_metrics
+    save_metrics = script_metrics.save_metrics
 
     # ------------------------------------------------------------------ transformers' other public helpers
 
@@ -1882,7 +1593,7 @@ class Trainer:
         (every process calls it). cadence's loop does it at each log, save and at the end of ``train()``; an
         override of ``_maybe_log_save_evaluate`` that logs itself calls this, as in transformers."""
         if self.is_in_train and self._loop is not None:
-            self._store_counts(self._loop)
+            self._loop.store_counts(self.state)
 
     def get_num_trainable_parameters(self) -> int:
         """Elements of the parameters that require a gradient."""
@@ -1957,23 +1668,9 @@ class Trainer:
             steps_in_epoch, max_steps)`` with transformers' values: a dataloader without a length needs
             ``max_steps > 0`` and counts ``sys.maxsize`` epochs of ``max_steps`` steps.
         """
-        total_batch = self.get_total_train_batch_size(args)
-        ga = args.gradient_accumulation_steps
-        if has_length(dataloader):
-            batches = len(dataloader)
-            per_epoch = max(math.ceil(batches / ga), 1)
-            max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
-            examples = self.num_examples(dataloader)
-            if args.max_steps > 0:
-                epochs, samples = math.ceil(max_steps / per_epoch), max_steps * total_batch
-            else:
-                epochs, samples = math.ceil(args.num_train_epochs), examples * args.num_train_epochs
-            return epochs, per_epoch, examples, samples, total_batch, batches, max_steps
-        if args.max_steps <= 0:
-            raise ValueError(f"args.max_steps must be set to a positive value if dataloader does not have a length, "
-                             f"was {args.max_steps}")
-        max_steps = args.max_steps
-        return sys.maxsize, max_steps, total_batch * max_steps, total_batch * max_steps, total_batch, max_steps * ga, max_steps
+        batches = len(dataloader) if has_length(dataloader) else None
+        return transformers_step_counts(args, self.get_total_train_batch_size(args), batches,
+                                        lambda: self.num_examples(dataloader))
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
         """cadence counts a step's items itself; to change the loss, override compute_loss or pass compute_loss_func."""

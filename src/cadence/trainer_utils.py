@@ -16,13 +16,24 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+
+# transformers' import paths of types that live below this module: the collator that drops unused columns, and the
+# hyperparameter search's types
+from .column_removal import RemoveColumnsCollator  # noqa: F401
+from .search_types import (  # noqa: F401
+    BestRun,
+    HPSearchBackend,
+    default_compute_objective,
+    default_hp_space_optuna,
+    default_hp_space_ray,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -571,121 +582,6 @@ def __getattr__(name: str) -> Any:
 
         return TrainerMemoryTracker
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# Dropping the columns a model does not take (data.py applies it)
-# --------------------------------------------------------------------------------------------
-class RemoveColumnsCollator:
-    """Drop the keys the model's ``forward`` does not accept, then collate (dict datasets and streams).
-
-    The first batch is checked: the dropped keys are logged once, and a batch with no accepted key
-    left is an error naming the sample's keys and the accepted ones.
-
-    Args:
-        data_collator: the collator that gets the reduced samples.
-        signature_columns: the keys to keep (the model's arguments and the label columns).
-        logger: where the dropped keys are logged (default: this module's).
-        model_name, description: for the messages (e.g. ``"GPT2LMHeadModel"``, ``"training"``).
-    """
-
-    def __init__(self, data_collator: Callable, signature_columns, logger: logging.Logger | None = None,
-                 model_name: str | None = None, description: str | None = None):
-        self.data_collator, self.keep = data_collator, set(signature_columns)
-        self.logger, self.model_name, self.description = logger or globals()["logger"], model_name or "the model", description
-        self.checked = False
-
-    def __call__(self, features: list) -> Any:
-        if isinstance(features[0], Mapping):
-            if not self.checked:
-                self.checked = True
-                check_columns(list(features[0]), self.keep, self.model_name, self.description, self.logger)
-            # a row that is no dict (None, text) goes on as it is: the collator names it
-            features = [{k: v for k, v in f.items() if k in self.keep} if isinstance(f, Mapping) else f for f in features]
-        return self.data_collator(features)
-
-
-_HF_DATASET_NAMES = {"training": "Training", "evaluation": "Evaluation"}
-
-
-def check_columns(columns: list[str], accepted: set[str], model_name: str, description: str | None,
-                  log: logging.Logger | None = None) -> list[str]:
-    """The columns to drop; logs them, and refuses a dataset with no accepted column.
-
-    Returns:
-        the names in ``columns`` that are not in ``accepted``.
-    """
-    dropped = [c for c in columns if c not in accepted]
-    where = f" of the {description} dataset" if description else ""
-    if dropped and len(dropped) == len(columns):
-        raise ValueError(
-            f"no column{where} is an argument of {model_name}.forward: the dataset has {sorted(columns)}, the model "
-            f"accepts {sorted(accepted)}; rename the columns to the model's argument names, or set "
-            "remove_unused_columns=False to pass them as they are"
-        )
-    if dropped:  # transformers' words, as one formatted string: tests and log filters match the message
-        # transformers names its datasets "Training", "Evaluation" and "test" in this line
-        names = ", ".join(dropped)
-        in_set = f"in the {_HF_DATASET_NAMES.get(description, description)} set" if description else ""
-        (log or logger).info(
-            f"The following columns {in_set} don't have a corresponding argument in `{model_name}.forward` and have "
-            f"been ignored: {names}. If {names} are not expected by `{model_name}.forward`,  you can safely ignore "
-            "this message."
-        )
-    return dropped
-
-
-
-# --------------------------------------------------------------------------------------------
-# Hyperparameter search (the backends live in hyperparameter_search.py)
-# --------------------------------------------------------------------------------------------
-class HPSearchBackend(_StrEnum):
-    """Libraries ``Trainer.hyperparameter_search`` can run on (transformers' names; cadence runs optuna and ray)."""
-
-    OPTUNA = "optuna"
-    RAY = "ray"
-    SIGOPT = "sigopt"
-    WANDB = "wandb"
-
-
-class BestRun(NamedTuple):
-    """The best trial of a search: its id, objective (a list for a multi-objective study), its sampled
-    hyperparameters, and the library's own summary (optuna's ``Study``, ray's ``ResultGrid``)."""
-
-    run_id: str
-    objective: float | list[float]
-    hyperparameters: dict[str, Any]
-    run_summary: Any | None = None
-
-
-def default_compute_objective(metrics: dict[str, float]) -> float:
-    """HF's default objective: the eval loss when evaluation gives no other metric, else the sum of
-    those other metrics (speed metrics and ``epoch`` never count)."""
-    speed = ("_runtime", "_per_second", "_compilation_time")
-    rest = {k: v for k, v in metrics.items() if k not in ("eval_loss", "epoch") and not k.endswith(speed)}
-    return metrics.get("eval_loss") if not rest else sum(rest.values())
-
-
-def default_hp_space_optuna(trial: Any) -> dict[str, Any]:
-    """transformers' default optuna space: learning rate, epochs, seed, batch size."""
-    return {
-        "learning_rate": trial.suggest_float("learning_rate", 1e-6, 1e-4, log=True),
-        "num_train_epochs": trial.suggest_int("num_train_epochs", 1, 5),
-        "seed": trial.suggest_int("seed", 1, 40),
-        "per_device_train_batch_size": trial.suggest_categorical("per_device_train_batch_size", [4, 8, 16, 32, 64]),
-    }
-
-
-def default_hp_space_ray(trial: Any) -> dict[str, Any]:
-    """transformers' default ray tune space (the same four values as optuna's)."""
-    from ray import tune
-
-    return {
-        "learning_rate": tune.loguniform(1e-6, 1e-4),
-        "num_train_epochs": tune.choice(list(range(1, 6))),
-        "seed": tune.uniform(1, 40),
-        "per_device_train_batch_size": tune.choice([4, 8, 16, 32, 64]),
-    }
 
 
 __all__ = [

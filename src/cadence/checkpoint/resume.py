@@ -31,16 +31,14 @@ import socket
 from dataclasses import dataclass
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from .. import data
 from ..backend.processes import every_process, process_group_size_and_rank
-from ..loop_state import BatchLayout
 from ..trainer_utils import has_length, sorted_checkpoints
 from .formats import (OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
                       TRAINER_STATE_NAME, CorruptCheckpointError, load_training_args, safe_load)
 from .manifest import read_loop_state, verify_checkpoint
-from .rng import checkpoint_world_size, read_rng_state, restore_rng_state, rng_state_name
+from .rng import checkpoint_world_size, read_rng_state, rng_state_name
 from .writer import remove_incomplete
 
 logger = logging.getLogger(__name__)
@@ -119,7 +117,8 @@ def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_
 
 @dataclass
 class ResumePoint:
-    """Where a resumed run continues, and what it restores when it gets there.
+    """Where a resumed run continues, and what it restores when it gets there (the data side,
+    ``data.epoch_batches``, starts the resumed epoch from it).
 
     Attributes:
         folder: the checkpoint.
@@ -142,36 +141,6 @@ class ResumePoint:
     loop: dict | None
     stream_state: dict | None = None
     trained_batches: int = 0
-
-    def start_epoch(self, dataloader: Any, begin_epoch: Callable[[], None],
-                    resumed_dataloader: Callable[[Any, int], Any] | None = None) -> Iterator:
-        """The resumed epoch's batch iterator (its sampler already set past the trained batches), with
-        ``begin_epoch()`` (the epoch's events) called in between, and the RNGs set where the saving run was.
-
-        A save between epochs had not yet fired the epoch's events nor drawn its iterator's seeds: the RNGs
-        are restored before both. A save inside the epoch came after them: restored once the iterator exists.
-        A stream continues from its saved state, or, without ``state_dict()``, reads its trained batches again;
-        so does a sampler that cannot skip (not cadence's). ``resumed_dataloader`` (a subclass's
-        ``get_resumed_dataloader``) gets the un-skipped dataloader and ``trained_batches`` and alone decides
-        what is skipped: no stream state is loaded and nothing is read again.
-        """
-        if resumed_dataloader is not None and self.trained_batches:
-            dataloader = resumed_dataloader(dataloader, self.trained_batches)
-            begin_epoch()
-            batches = iter(dataloader)
-            restore_rng_state(self.rng)  # after the iterator, as for any resume inside an epoch
-            return batches
-        if self.stream_state is not None:
-            data.stateful_stream(dataloader).load_state_dict(self.stream_state)
-        if not self.skip_batches:
-            restore_rng_state(self.rng)
-        begin_epoch()
-        batches = iter(dataloader)
-        if self.skip_batches:
-            if data.skips_by_reading(dataloader):
-                data.skip_stream(batches, self.skip_batches)
-            restore_rng_state(self.rng)
-        return batches
 
 
 def _epoch_batches(num_samples: int, batch: int, world: int, drop_last: bool) -> int:
@@ -207,7 +176,7 @@ def _data_changed(folder: Path, loop: dict, identity: dict, expected_batches: in
     return changed
 
 
-def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any, layout: BatchLayout,
+def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any, layout: Any,
                  saved_args: dict | None = None, saved_batch_size: int | None = None,
                  identity: dict | None = None) -> ResumePoint:
     """Read the position, RNG and loop state of ``folder`` for this process, checking they fit this run.
@@ -217,7 +186,7 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         global_step: ``trainer_state.json``'s step.
         batches_per_epoch: micro-batches in one epoch of this run (None for an iterable dataset).
         args: this run's ``TrainingArguments``.
-        layout: this run's batch layout.
+        layout: this run's ``BatchLayout`` (``loop_state.py``).
         saved_args: the checkpoint's arguments (:func:`load_training_args`), when readable.
         saved_batch_size: ``trainer_state.json``'s ``train_batch_size`` (all a transformers checkpoint says).
         identity: this run's data identity (``loop_state.data_identity``).
@@ -229,12 +198,13 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     loop = read_loop_state(folder)  # each field checked: damage is a CorruptCheckpointError naming it
     saved_args, identity = saved_args or {}, identity or {}
     # the saving run's layout: loop_state.json, else its args and files
-    saved = BatchLayout(
-        (loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size") or saved_batch_size
-        or layout.train_batch_size,
-        (loop or {}).get("gradient_accumulation_steps") or saved_args.get("gradient_accumulation_steps")
-        or layout.gradient_accumulation_steps,
-        (loop or {}).get("world_size") or checkpoint_world_size(folder) or layout.world_size)
+    saved = dataclasses.replace(  # a BatchLayout (loop_state.py) like ``layout``
+        layout,
+        train_batch_size=(loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size")
+        or saved_batch_size or layout.train_batch_size,
+        gradient_accumulation_steps=(loop or {}).get("gradient_accumulation_steps")
+        or saved_args.get("gradient_accumulation_steps") or layout.gradient_accumulation_steps,
+        world_size=(loop or {}).get("world_size") or checkpoint_world_size(folder) or layout.world_size)
     world = layout.world_size
     same_layout = saved == layout
     saved_epoch_batches = batches_per_epoch  # this data's batches per epoch in the saving run's layout
@@ -273,7 +243,7 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
                        trained_batches=trained)
 
 
-def _rescale_position(folder: Path, skip: int, saved: BatchLayout, layout: BatchLayout, args: Any, epoch: int,
+def _rescale_position(folder: Path, skip: int, saved: Any, layout: Any, args: Any, epoch: int,
                       saved_epoch_batches: int | None, batches_per_epoch: int | None) -> int:
     """The saving run's ``skip`` batches of the epoch as batches of this run: the samples they held
     (the sampler deals the epoch's order out to processes in turn, so ``skip x batch x processes``

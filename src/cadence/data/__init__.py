@@ -17,13 +17,14 @@
   batches dropped (``skip_stream``). The checkpoint code saves and restores the position.
 
 Modules, each importing only the ones before it: ``counting`` (items, tokens, micro-batches), ``collators``,
-``loaders`` (``TrainerDataLoader``, the one-batch look-ahead), ``columns``, ``samplers``, ``streams``, ``resume``
-(resume skipping). Every name is importable from ``cadence.data``.
+``loaders`` (``TrainerDataLoader``, the one-batch look-ahead), ``columns``, ``samplers``, ``streams``,
+``dataloaders`` (the Trainer's samplers and DataLoaders from its arguments), ``resume`` (resume skipping, the start
+of an epoch). Every name is importable from ``cadence.data``.
 """
 
 from torch.utils.data import DataLoader, Dataset  # noqa: F401 - in __all__, as data.py had them
 
-from ..trainer_utils import RemoveColumnsCollator  # noqa: F401 - in __all__: a collator users import from here
+from ..column_removal import RemoveColumnsCollator  # noqa: F401 - in __all__: a collator users import from here
 from .counting import (  # noqa: F401
     batch_items, count_items, IGNORE_INDEX, loss_shifts_labels, split_batches, TokenCounter,
 )
@@ -35,7 +36,7 @@ from .loaders import (  # noqa: F401
     check_dataset, init_worker, is_iterable_dataset, LookAhead, TrainerDataLoader,
 )
 from .columns import (  # noqa: F401
-    ColumnsDroppedInCollator, drop_unused_columns, forward_arguments,
+    ColumnsDroppedInCollator, drop_unused_columns, forward_arguments, label_names,
 )
 from .samplers import (  # noqa: F401
     BatchRebalanceSampler, DistributedLengthGroupedSampler, DistributedSamplerWithLoop, EpochSampler,
@@ -44,8 +45,10 @@ from .samplers import (  # noqa: F401
 from .streams import (  # noqa: F401
     IterableDatasetShard, IterableShard,
 )
+from .dataloaders import build_dataloader, train_sampler  # noqa: F401
 from .resume import (  # noqa: F401
-    content_sample, SavedState, set_epoch, skip_stream, skips_by_reading, stateful_stream,
+    content_sample, epoch_batches, resumed_epoch, SavedState, set_epoch, skip_stream, skips_by_reading,
+    stateful_stream,
 )
 
 __all__ = [

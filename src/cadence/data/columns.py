@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..trainer_utils import RemoveColumnsCollator, check_columns
+from ..column_removal import RemoveColumnsCollator, check_columns
 
 from .collators import DataCollatorWithPadding, DefaultDataCollator, LABEL_COLUMNS, _as_mapping, default_data_collator
 from .loaders import is_iterable_dataset
@@ -131,3 +131,12 @@ def forward_arguments(model: torch.nn.Module) -> set[str] | None:
         if named:
             return named | set(LABEL_COLUMNS)
     return None
+
+
+def label_names(model: torch.nn.Module) -> list[str]:
+    """transformers' ``find_labels``: the forward's parameters named like labels (a question-answering model's
+    span positions too); ``[]`` for a model that takes none (sentence-transformers'), as in transformers."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: its base
+    params = inspect.signature(type(model).forward).parameters
+    qa = "QuestionAnswering" in type(model).__name__
+    return [n for n in params if "label" in n or (qa and n in ("start_positions", "end_positions"))]

@@ -1,16 +1,17 @@
-"""Resume skipping: where a resumed epoch's data continues (samplers skip, streams restore or read again)."""
+"""The start of an epoch: resume skipping (samplers skip, streams restore or read again), the RNGs set where a
+saving run was, and the one-batch look-ahead with what each pending batch was drawn from."""
 
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader
 
 from ..trainer_utils import has_length
 
-from .loaders import is_iterable_dataset
+from .loaders import LookAhead, is_iterable_dataset
 from .samplers import BatchRebalanceSampler, EpochSampler
 from .streams import IterableShard
 
@@ -110,3 +111,83 @@ def skip_stream(batches: Iterator, count: int) -> None:
                    "state_dict/load_state_dict, or cadence's own sampler, resumes without reading them)", count)
     for _ in zip(range(count), batches):
         pass
+
+
+def resumed_epoch(resume: Any, dataloader: DataLoader, begin_epoch: Callable[[], None],
+                  restore_rng: Callable[[Any], None],
+                  resumed_dataloader: Callable[[Any, int], Any] | None = None) -> Iterator:
+    """The resumed epoch's batch iterator (its sampler already set past the trained batches), with
+    ``begin_epoch()`` (the epoch's events) called in between, and the RNGs set where the saving run was.
+
+    A save between epochs had not yet fired the epoch's events nor drawn its iterator's seeds: the RNGs
+    are restored before both. A save inside the epoch came after them: restored once the iterator exists.
+    A stream continues from its saved state, or, without ``state_dict()``, reads its trained batches again;
+    so does a sampler that cannot skip (not cadence's). ``resumed_dataloader`` (a subclass's
+    ``get_resumed_dataloader``) gets the un-skipped dataloader and ``trained_batches`` and alone decides
+    what is skipped: no stream state is loaded and nothing is read again.
+
+    Args:
+        resume: the checkpoint's ``ResumePoint`` (``skip_batches``, ``trained_batches``, ``rng``, ``stream_state``).
+        dataloader: the training dataloader, its epoch set.
+        begin_epoch: fires the epoch's events.
+        restore_rng: sets the RNGs from a saved state (``checkpoint.rng.restore_rng_state``).
+        resumed_dataloader: a subclass's ``get_resumed_dataloader``, or None.
+    """
+    if resumed_dataloader is not None and resume.trained_batches:
+        dataloader = resumed_dataloader(dataloader, resume.trained_batches)
+        begin_epoch()
+        batches = iter(dataloader)
+        restore_rng(resume.rng)  # after the iterator, as for any resume inside an epoch
+        return batches
+    if resume.stream_state is not None:
+        stateful_stream(dataloader).load_state_dict(resume.stream_state)
+    if not resume.skip_batches:
+        restore_rng(resume.rng)
+    begin_epoch()
+    batches = iter(dataloader)
+    if resume.skip_batches:
+        if skips_by_reading(dataloader):
+            skip_stream(batches, resume.skip_batches)
+        restore_rng(resume.rng)
+    return batches
+
+
+def epoch_batches(dataloader: DataLoader, epoch: int, begin_epoch: Callable[[], None], batch_size: int,
+                  resume: Any = None, resumed_dataloader: Callable[[Any, int], Any] | None = None,
+                  capture_rng: Callable[[], Any] | None = None,
+                  restore_rng: Callable[[Any], None] | None = None) -> LookAhead:
+    """One epoch's batches: the sampler told the epoch (after a resume: without the batches already trained),
+    ``begin_epoch()`` called where the saving run called it, and one batch collated ahead, as transformers'
+    dataloader, keeping what each pending batch was drawn from (the RNGs, a stream's position) for a checkpoint.
+
+    Args:
+        dataloader: the training dataloader.
+        epoch: the epoch's index.
+        begin_epoch: fires the epoch's events (``on_epoch_begin``).
+        batch_size: rows of one batch on this process (a resumed sampler skips ``skip_batches`` of them).
+        resume: the checkpoint's ``ResumePoint`` for the resumed epoch, else None.
+        resumed_dataloader: a subclass's ``get_resumed_dataloader``: it alone skips the trained batches.
+        capture_rng: returns the RNG states before each fetch (None: not kept, where no checkpoint is written or
+            workers collate).
+        restore_rng: sets the RNGs from a saved state (needed with ``resume``).
+
+    Returns:
+        The epoch's ``LookAhead`` (its ``before_pending`` is what a checkpoint saves).
+    """
+    skip = 0 if resume is None or resumed_dataloader is not None else resume.skip_batches  # never loaded again
+    set_epoch(dataloader, epoch, skip * batch_size if has_length(dataloader) else 0, skip_batches=skip)
+    if resume is not None:  # the RNGs, and a stream's state, restored where the saving run was
+        batches = resumed_epoch(resume, dataloader, begin_epoch, restore_rng, resumed_dataloader)
+    else:
+        begin_epoch()
+        batches = iter(dataloader)
+    stream = stateful_stream(dataloader)  # its position before the pending batch, always (cheap)
+
+    def capture() -> dict:
+        return {"rng": capture_rng() if capture_rng is not None else None,
+                "stream": None if stream is None else stream.state_dict()}
+
+    inside = resume is not None and (resume.skip_batches or resume.trained_batches)  # a pending batch was saved
+    look_ahead = (resume.rng or {}).get("look_ahead") if inside else None
+    replay = None if look_ahead is None else (lambda: restore_rng(look_ahead), lambda: restore_rng(resume.rng))
+    return LookAhead(batches, capture if capture_rng is not None or stream is not None else None, replay)

@@ -40,7 +40,7 @@ from .adafactor import (  # noqa: F401
     Adafactor, AdafactorSchedule, get_adafactor_schedule,
 )
 from .parameter_groups import (  # noqa: F401
-    get_decay_parameter_names, get_parameter_groups, get_parameter_names,
+    get_decay_parameter_names, get_parameter_groups, get_parameter_names, optimizer_group,
 )
 from .low_rank import (  # noqa: F401
     LayerwiseOptimizer, _LOW_RANK,

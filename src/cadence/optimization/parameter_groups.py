@@ -1,4 +1,4 @@
-"""Parameter groups: which parameters get weight decay."""
+"""Parameter groups: which parameters get weight decay, and which group of an optimizer holds a parameter."""
 
 
 from __future__ import annotations
@@ -93,3 +93,24 @@ def get_parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str
         {"params": [p for name, p in trainable if name in decay], "weight_decay": weight_decay},
         {"params": [p for name, p in trainable if name not in decay], "weight_decay": 0.0},
     ]
+
+
+def optimizer_group(optimizer: Any, model: nn.Module, param: str | nn.Parameter | None = None
+                    ) -> dict[str, Any] | list[list[nn.Parameter]]:
+    """The group of ``optimizer`` holding ``param`` (a parameter of ``model``, or its name); without one, every
+    group's parameter list (transformers' ``Trainer.get_optimizer_group``).
+
+    Raises:
+        ValueError: ``model`` has no parameter of that name.
+    """
+    if isinstance(param, str):
+        named = dict(model.named_parameters())
+        if param not in named:
+            raise ValueError(f"get_optimizer_group({param!r}): the model has no parameter of that name; "
+                             f"its parameters are {sorted(named)[:8]}{' ...' if len(named) > 8 else ''}")
+        param = named[param]
+    if param is not None:
+        for group in optimizer.param_groups:
+            if any(p is param for p in group["params"]):  # identity: == on tensors compares values
+                return group
+    return [group["params"] for group in optimizer.param_groups]
