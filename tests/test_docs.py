@@ -24,8 +24,11 @@ def page_id(page):
 def test_page_blocks_run(page, tmp_path):
     if not any(b.kind in ("exec", "file", "bash") for b in blocks(page)):
         pytest.skip("no block to run")
+    # What a user's shell has after activating the venv, and no more: the runner puts the venv's bin/ first on PATH;
+    # PYTHONPATH only makes this checkout's cadence the one imported (a clone's venv has it installed from here).
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "doc_blocks.py"), str(page)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
