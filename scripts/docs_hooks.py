@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import html
 import inspect
 import re
 import textwrap
@@ -36,16 +37,18 @@ def _default(field: dataclasses.Field) -> str:
     if field.default_factory is not dataclasses.MISSING:
         value = field.default_factory()
     elif field.default is dataclasses.MISSING:
-        return "required"
+        return "(required)"
     else:
         value = field.default
     if isinstance(value, enum.Enum):
         value = value.value
-    return f"`{value!r}`"
+    return repr(value)
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+def _cell(text: str, code: bool = False) -> str:
+    """A table cell: one line, HTML-escaped (help texts hold `<time>`), `|` as an entity (a table's separator)."""
+    text = html.escape(" ".join(text.split()), quote=False).replace("|", "&#124;")
+    return f"<code>{text}</code>" if code else text
 
 
 def field_groups(cls=None) -> list[tuple[str, list[dict]]]:
@@ -86,8 +89,8 @@ def fields_markdown(cls=None) -> str:
         out += [f"### {group[0].upper()}{group[1:]}", "", "| field | type | default | what it does |", "|---|---|---|---|"]
         for row in rows:
             mark = " **(cadence only)**" if row["own"] else ""
-            out.append(f"| `{row['name']}`{mark} | `{_cell(row['type'])}` | {_cell(row['default'])} | "
-                       f"{_cell(row['help'])} |")
+            out.append(f"| `{row['name']}`{mark} | {_cell(row['type'], code=True)} | "
+                       f"{_cell(row['default'], code=True)} | {_cell(row['help'])} |")
         out.append("")
     return "\n".join(out)
 
