@@ -10,7 +10,7 @@ interpreter's ``bin/`` (the venv's: its ``python``, ``cadence``, ``torchrun``) c
 What runs, in the page's order:
 - every ```python block, in one namespace per page, as if pasted into one ``python`` session;
 - a ```python block right after ``<!-- file: NAME -->`` is written to NAME instead (a later bash block runs it);
-- every ```bash block whose first command is ``cadence``, ``python``, ``torchrun`` or ``rm``, with ``bash -euo pipefail``.
+- every ```bash block whose first command is ``cadence``, ``python``, ``torchrun`` or ``mv``, with ``bash -euo pipefail``.
 A block right after ``<!-- not run: REASON -->`` is skipped; other bash blocks (``make``, ``pip``) are not commands
 the tests run.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-COMMANDS = ("cadence", "python", "torchrun", "rm")
+COMMANDS = ("cadence", "python", "torchrun", "mv")
 _BLOCK = re.compile(r"(?:<!--\s*(?P<mark>[^>]*?)\s*-->\n)?^```(?P<lang>\w*)\n(?P<code>.*?)^```", re.S | re.M)
 
 
