@@ -4,7 +4,8 @@ dataclass at every build, so it cannot drift from the code.
 A page holding the marker `<!-- training-arguments-fields -->` gets, in its place, one table per group of fields (the
 groups are the `# --- Group ---` comments of the class's source), each field with its type, default and help text;
 cadence's own fields (not in `transformers.TrainingArguments`) are marked. tests/test_docs.py checks that the
-generated text names every field.
+generated text names every field. A code block marked `<!-- not run: REASON -->` gets its reason shown above it, one
+marked `<!-- file: NAME -->` the name it is saved as.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ import re
 import textwrap
 
 MARKER = "<!-- training-arguments-fields -->"
+# `<!-- not run: REASON -->` before a code block (tests/doc_blocks.py skips it): shown on the site as a line above it
+_NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.*?)\s*-->\n", re.M)
+# `<!-- file: NAME -->` before a code block (the tests save it as NAME, which a later command runs): the name shown
+_FILE = re.compile(r"^<!--\s*file:\s*(\S+?)\s*-->\n", re.M)
 _GROUP = re.compile(r"^\s*# --- (.+?) ---")
 
 
@@ -98,4 +103,5 @@ def fields_markdown(cls=None) -> str:
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs' hook signature
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, fields_markdown())
-    return markdown
+    markdown = _FILE.sub(lambda m: f"Saved as `{m[1]}`:\n\n", markdown)
+    return _NOT_RUN.sub(lambda m: f"*Not run by the documentation's tests: {m[1]}.*\n\n", markdown)
