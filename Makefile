@@ -6,7 +6,7 @@ TORCH   ?= torch==2.13.0
 # the newest releases of every dependency (but torch), for `make test-latest`
 LATEST  := .venv-latest
 
-.PHONY: demo test test-latest test-libraries constraints bench clean
+.PHONY: demo test test-latest test-libraries constraints bench docs clean
 
 # The tested set: every dependency at the version constraints.txt pins; a change of either file (or of setup.py: it
 # ships the start-up hook) rebuilds the venv from nothing, so a release of a dependency never changes what runs.
@@ -27,11 +27,20 @@ LATEST  := .venv-latest
 	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	touch $@
 
+.venv/.docs: .venv/.torch
+	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
+	touch $@
+
 demo: .venv/.core
 	.venv/bin/cadence demo
 
 test: .venv/.installed
 	$(PY) -m pytest -q --durations=30  # the slowest tests listed: the suite must stay well inside CI's time
+
+# The documentation site (mkdocs.yml), built into site/ offline: --strict fails on a broken link or anchor, a
+# reference that cannot be found or a docstring that cannot be read. PYTHONPATH: this checkout's cadence documented.
+docs: .venv/.docs
+	PYTHONPATH=src NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # The suite on the newest release of everything: drift is seen here before it reaches the pinned set.
 # A fresh venv each time: what a new user's `pip install` resolves to today.
@@ -40,7 +49,7 @@ test-latest:
 	python3 -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 	$(LATEST)/bin/python -m pip install -q $(TORCH)
-	$(LATEST)/bin/python -m pip install -q -e ".[test]"
+	$(LATEST)/bin/python -m pip install -q -e ".[test,docs]"
 	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|accelerate|trl|sentence-transformers|datasets|peft) "
 	$(LATEST)/bin/python -m pytest -q
 
@@ -62,4 +71,4 @@ bench: .venv/.installed
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf .venv $(LATEST) cadence_output
+	rm -rf .venv $(LATEST) cadence_output site

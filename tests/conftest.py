@@ -16,3 +16,15 @@ torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 @pytest.fixture
 def out_dir(tmp_path):
     return str(tmp_path / "out")
+
+
+# Lines a test leaves for the end of the run (tests/test_docs.py: how many docs blocks ran and which are marked not
+# run, with why), shown in the terminal summary so CI's log has them without `pytest -s`.
+SUMMARY_LINES: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SUMMARY_LINES:
+        terminalreporter.write_sep("=", "summary")
+        for line in SUMMARY_LINES:
+            terminalreporter.write_line(line)

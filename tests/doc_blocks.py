@@ -3,12 +3,14 @@ transformers, which must not leak into the test process).
 
     python tests/doc_blocks.py PAGE        # run PAGE's blocks in order, in the current (empty) folder
 
+Each page runs as a user would paste it into a fresh folder: nothing is defined but what the page shows (a page may
+have a visible set-up block), the folder is the first entry of ``sys.path`` (as in an interactive ``python``), and the
+interpreter's ``bin/`` (the venv's: its ``python``, ``cadence``, ``torchrun``) comes first on ``PATH``.
+
 What runs, in the page's order:
-- every ```python block, in one namespace per page (``out_dir`` is set, and ``tests/`` is on ``sys.path`` for the
-  pages whose set-up imports ``tiny``);
+- every ```python block, in one namespace per page, as if pasted into one ``python`` session;
 - a ```python block right after ``<!-- file: NAME -->`` is written to NAME instead (a later bash block runs it);
-- every ```bash block whose first command is ``cadence``, ``python`` or ``torchrun``, with ``bash -euo pipefail``,
-  ``cadence`` and ``python`` being this interpreter's.
+- every ```bash block whose first command is ``cadence``, ``python``, ``torchrun`` or ``mv``, with ``bash -euo pipefail``.
 A block right after ``<!-- not run: REASON -->`` is skipped; other bash blocks (``make``, ``pip``) are not commands
 the tests run.
 """
@@ -17,16 +19,14 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-COMMANDS = ("cadence", "python", "torchrun")
+COMMANDS = ("cadence", "python", "torchrun", "mv")
 _BLOCK = re.compile(r"(?:<!--\s*(?P<mark>[^>]*?)\s*-->\n)?^```(?P<lang>\w*)\n(?P<code>.*?)^```", re.S | re.M)
 
 
@@ -64,36 +64,25 @@ def _first_word(code: str) -> str:
     return lines[0].split()[0] if lines else ""
 
 
-def _shims(folder: Path) -> Path:
-    """``cadence`` and ``python`` on PATH as this interpreter (a clone's own .venv need not exist)."""
-    bin_dir = folder / "bin"
-    bin_dir.mkdir()
-    for name, line in (("python", f'exec "{sys.executable}" "$@"'), ("cadence", f'exec "{sys.executable}" -m cadence "$@"')):
-        path = bin_dir / name
-        path.write_text(f"#!/bin/sh\n{line}\n")
-        path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return bin_dir
-
-
 def run_page(page: Path) -> None:
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
+    # As pasted into a `python` started in this folder: the folder first on sys.path, not tests/ (this script's own
+    # folder), so a page cannot lean on the test helpers. This checkout's src/ stays importable through PYTHONPATH
+    # (the caller sets it; in a clone's venv cadence is installed from there anyway).
+    sys.path[:] = ["", *(p for p in sys.path[1:] if Path(p or ".").resolve() != Path(__file__).resolve().parent)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # processes a python block starts import this checkout's cadence too
-    with tempfile.TemporaryDirectory() as tools:
-        env["PATH"] = os.pathsep.join([str(_shims(Path(tools))), os.path.dirname(sys.executable), env["PATH"]])
-        namespace = {"__name__": "__main__", "out_dir": os.path.abspath("out")}
-        for block in blocks(page):
-            where = f"{page.relative_to(ROOT)} line {block.line}"
-            print(f"--- {where}: {block.kind} {block.note}", flush=True)
-            if block.kind == "exec":
-                exec(compile(block.code, where, "exec"), namespace)  # noqa: S102 - the page's own example
-            elif block.kind == "file":
-                Path(block.note).write_text(block.code, encoding="utf-8")
-            elif block.kind == "bash":
-                proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], env=env)
-                if proc.returncode != 0:
-                    raise SystemExit(f"{where}: the bash block exited with {proc.returncode}:\n{block.code}")
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])  # the venv's bin/, as activated
+    namespace = {"__name__": "__main__"}
+    for block in blocks(page):
+        where = f"{page.relative_to(ROOT)} line {block.line}"
+        print(f"--- {where}: {block.kind} {block.note}", flush=True)
+        if block.kind == "exec":
+            exec(compile(block.code, where, "exec"), namespace)  # noqa: S102 - the page's own example
+        elif block.kind == "file":
+            Path(block.note).write_text(block.code, encoding="utf-8")
+        elif block.kind == "bash":
+            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], env=env)
+            if proc.returncode != 0:
+                raise SystemExit(f"{where}: the bash block exited with {proc.returncode}:\n{block.code}")
 
 
 if __name__ == "__main__":

@@ -112,8 +112,9 @@ class Trainer:
         args: the ``TrainingArguments`` (default: ``TrainingArguments("trainer_output")``).
         data_collator: turns a list of samples into a batch (default: stacking, or padding when a
             ``processing_class`` with ``pad_token_id`` is given).
-        train_dataset, eval_dataset: a torch ``Dataset`` (of dicts, tuples or tensors), an
-            ``IterableDataset``, or a Hugging Face ``datasets.Dataset``; ``eval_dataset`` may be a dict.
+        train_dataset: a torch ``Dataset`` (of dicts, tuples or tensors), an ``IterableDataset``, or a
+            Hugging Face ``datasets.Dataset``.
+        eval_dataset: the same kinds, or a dict of them (each evaluated under its own metric prefix).
         processing_class: a tokenizer or processor, saved with the model.
         model_init: builds a fresh model for each ``train()``.
         compute_loss_func: ``f(outputs, labels, num_items_in_batch=...)`` returning the loss summed

@@ -36,9 +36,8 @@ _DEFAULT_MAX_LENGTH = 20  # transformers' GenerationConfig default when neither 
 class Seq2SeqTrainer(Trainer):
     """``Trainer`` with ``predict_with_generate``; the API of ``transformers.Seq2SeqTrainer``.
 
-    Args:
-        Those of ``Trainer``; ``args`` is usually a ``Seq2SeqTrainingArguments`` (its ``generation_config`` is
-        loaded into ``model.generation_config`` here, so a bad one fails before training).
+    The arguments are those of ``Trainer``; ``args`` is usually a ``Seq2SeqTrainingArguments`` (its
+    ``generation_config`` is loaded into ``model.generation_config`` here, so a bad one fails before training).
 
     Example:
         >>> args = Seq2SeqTrainingArguments("out", predict_with_generate=True, generation_num_beams=2)
