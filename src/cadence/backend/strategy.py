@@ -2,8 +2,8 @@
 
 One subclass per engine, each in its own module: ``single`` (one device), ``ddp`` (several processes through
 accelerate), ``fsdp`` (FSDP2's ``fully_shard``), ``meshes`` (a model on a device mesh: TP, FSDP x TP, HSDP) and
-``deepspeed`` (DeepSpeed's engine). The ``Backend`` picks one at set-up (``connector``) and hands every verb to it, so
-no verb asks which engine runs; mixed precision (autocast, the grad scaler) is a ``Precision`` object beside it.
+``deepspeed_engine`` (DeepSpeed's engine). The ``Backend`` picks one at set-up (``connector``) and hands every verb
+to it, so no verb asks which engine runs; mixed precision (autocast, the grad scaler) is a ``Precision`` beside it.
 The defaults here are those of one process: collectives return their input, checkpoints are the model's and the
 optimizer's own ``state_dict``.
 """
@@ -96,31 +96,37 @@ class Strategy:
         """Step ``optimizer`` through ``precision`` (its grad scaler); False where the step was skipped."""
         return precision.step(optimizer)
 
-    # ------------------------------------------------------------------------------- collectives (one process)
+    # ------------------------------------- collectives (every process must call them; one process: the input)
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over processes."""
         return tensor
 
     def reduce_mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Mean over processes."""
         return tensor
 
     def gather(self, tensor: Any) -> Any:
+        """Concatenated along dim 0 over the data-parallel ranks, in process order."""
         return tensor
 
     def pad_across_processes(self, tensor: Any, dim: int = 1, pad_index: int = -100) -> Any:
+        """``dim`` padded with ``pad_index`` to its largest size over processes."""
         return tensor
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Process ``src``'s ``obj`` (picklable) on every process."""
         return obj
 
     def gather_object(self, obj: Any) -> list:
+        """Every data-parallel rank's ``obj`` (picklable), in process order."""
         return [obj]
 
     def barrier(self) -> None:
-        pass
+        """Wait for every process."""
 
     def end(self) -> None:
-        pass
+        """Destroy the process group (accelerate's ``end_training``)."""
 
     @contextlib.contextmanager
     def collectives_guard(self, step: Callable[[], int]):
