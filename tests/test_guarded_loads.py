@@ -31,9 +31,9 @@ AUDIT = {
     ("checkpoint/sharded.py", "check_dcp_folder", "open"):
         "a .distcp file read_dcp_metadata named (a plain file name of the folder) and passed through checked_path",
     ("checkpoint/sharded.py", "load_dcp", "dcp.load"): "check_dcp_folder first; its reader loads with weights_only",
-    ("backend/adapter.py", "Backend.load_model_weights", "load_checkpoint"):
+    ("backend/deepspeed_engine.py", "DeepSpeedEngine.load_model_weights", "load_checkpoint"):
         "DeepSpeed unpickles with weights_only=False: check_deepspeed_folder first, for any folder with a tag file",
-    ("backend/adapter.py", "Backend.load_optimizer_state", "load_checkpoint"): "check_deepspeed_folder first",
+    ("backend/deepspeed_engine.py", "DeepSpeedEngine.load_optimizer_state", "load_checkpoint"): "check_deepspeed_folder first",
     # --- checkpoint folders: weights and JSON
     ("checkpoint/formats.py", "read_model_weights", "load_file"):
         "safetensors (no code); each file through checked_path (shards an index names included)",

@@ -31,10 +31,17 @@ is torch's FSDP2 ``fully_shard``, configured through accelerate's ``FullySharded
 (``fsdp_version=2``) and applied here, on every device type, so the same code runs on CPUs (gloo) and
 GPUs; accelerate's own FSDP path only runs on accelerators. See ``_FullyShard``.
 
+Engines are strategies: one object per engine carries the verbs (``strategy``: the interface and one process's
+defaults; ``single``: one device; ``ddp``: several processes through accelerate; ``fsdp``: FSDP2; ``meshes``: a
+model on a device mesh, TP, FSDP x TP, HSDP; ``deepspeed_engine``: DeepSpeed's engine), and one ``Precision``
+object (autocast, the fp16 grad scaler) sits beside it. ``connector`` picks both once, from the arguments and the
+model; the ``Backend`` hands each verb to them and never asks which engine runs. A new engine is one new module.
+
 Modules, each importing only the ones before it: ``devices`` (device, cache, memory, device RNG, peak FLOP/s),
-``precision``, ``processes`` (process group, rendezvous, accelerate's process state, ranks), ``fsdp``, ``meshes``
-(tensor, 2-D and hybrid parallelism), ``deepspeed``, ``adapter`` (``Backend``), ``accelerator_view``
-(``AcceleratorView``, ``accelerator_kwargs``). Every name is importable from ``cadence.backend``.
+``precision``, ``processes`` (process group, rendezvous, accelerate's process state, ranks), ``strategy``,
+``single``, ``ddp``, ``fsdp``, ``meshes`` (tensor, 2-D and hybrid parallelism), ``deepspeed`` (its config),
+``deepspeed_engine``, ``connector``, ``adapter`` (``Backend``), ``accelerator_view`` (``AcceleratorView``,
+``accelerator_kwargs``). Every name is importable from ``cadence.backend``.
 """
 
 import torch  # noqa: F401 - ``cadence.backend.torch``, as the module it replaces had it (tests patch torch.amp there)
@@ -58,6 +65,8 @@ from .meshes import (  # noqa: F401
 from .deepspeed import (  # noqa: F401
     deepspeed_config, deepspeed_plugin,
 )
+from .strategy import Strategy  # noqa: F401
+from .precision import Precision  # noqa: F401
 from .adapter import (  # noqa: F401
     Backend,
 )

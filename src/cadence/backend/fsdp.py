@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from pathlib import Path
@@ -12,6 +13,8 @@ import torch
 
 from ..checkpoint import formats
 from ..checkpoint.sharded import load_dcp
+
+from .ddp import DataParallel
 
 
 # ---------------------------------------------------------------------------------------------- FSDP
@@ -134,21 +137,38 @@ def _fqn(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
-class _FullyShard:
+class _FullyShard(DataParallel):
     """torch's FSDP2: ``fully_shard`` on each wrapped layer, then the root; checkpoints through
     ``torch.distributed.checkpoint`` (DCP): consolidated on the saving process, or one shard per process.
 
     Numerics: a reduce-scatter averages gradients over processes, as DDP's all-reduce does, so the loop's
-    loss weighting is the same; clipping measures the norm over all shards (one collective).
+    loss weighting is the same; clipping measures the norm over all shards (one collective). Mixed precision is
+    FSDP's ``MixedPrecisionPolicy`` (parameters cast for the compute), with autocast around the loss, not the forward.
+
+    Args:
+        args, accelerator: as ``DataParallel`` (whose collectives this shares).
+        plugin: accelerate's ``FullyShardedDataParallelPlugin`` (``fsdp_plugin``).
+        amp_dtype: the mixed-precision compute dtype, or None.
+        layout: a ``ParallelismConfig`` whose data-parallel mesh to shard over (HSDP), or None.
     """
 
-    def __init__(self, plugin: Any, device: torch.device, amp_dtype: torch.dtype | None):
-        self.plugin, self.device, self.amp_dtype = plugin, device, amp_dtype
+    shards_parameters, forward_autocasts = True, False
+    sharding = property(lambda self: self)  # transformers' is_fsdp_enabled (device meshes too)
+
+    def __init__(self, args: Any, accelerator: Any, plugin: Any, amp_dtype: torch.dtype | None, layout: Any = None):
+        super().__init__(args, accelerator)
+        self.plugin, self.amp_dtype, self.layout = plugin, amp_dtype, layout
         self.sharded_state = plugin.state_dict_type == "SHARDED_STATE_DICT"
         self.pending: Path | None = None  # sharded weights to load once the model is sharded (a resume)
         self._save_group = None  # the gloo group of DCP's background writes (async_save), made at the first one
 
-    def shard(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
+    def no_sync(self, model: torch.nn.Module):
+        """Nothing skipped: FSDP reduce-scatters every micro-batch, since skipping it would keep whole unsharded
+        gradients on every process, the memory FSDP exists to save (the sum is the same either way)."""
+        return contextlib.nullcontext()
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> torch.nn.Module:
+        """Shard ``model`` in place and point ``optimizer`` at the sharded parameters."""
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
         if isinstance(model, FSDPModule):
@@ -193,7 +213,7 @@ class _FullyShard:
     def _mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 
-        if getattr(self, "layout", None) is not None:  # parallelism_config's dp_replicate x dp_shard (HSDP)
+        if self.layout is not None:  # parallelism_config's dp_replicate x dp_shard (HSDP)
             mesh = self.layout.get_device_mesh(self.device.type)
             return mesh[tuple(self.layout.fsdp_dim_names)] if self.layout.dp_replicate_enabled else mesh["dp_shard_cp"]
         world = int(os.environ.get("WORLD_SIZE", 1))

@@ -143,18 +143,18 @@ class _MeshParallel(_FullyShard):
     measures the norm of each mesh's gradients and combines them, as transformers does for mixed meshes.
 
     Args:
+        args, accelerator, amp_dtype: as ``_FullyShard``.
         layout: the run's ``ParallelismConfig``; its ``device_mesh`` is built here (accelerate's builder).
         sharded: write DCP shards (``fsdp_config`` ``state_dict_type`` sharded) instead of full files.
     """
 
-    def __init__(self, layout: Any, device: torch.device, amp_dtype: torch.dtype | None, sharded: bool = False):
+    def __init__(self, args: Any, accelerator: Any, layout: Any, amp_dtype: torch.dtype | None, sharded: bool = False):
         from types import SimpleNamespace
 
         plugin = SimpleNamespace(state_dict_type="SHARDED_STATE_DICT" if sharded else "FULL_STATE_DICT",
                                  cpu_ram_efficient_loading=False)
-        super().__init__(plugin, device, amp_dtype)
-        self.layout = layout
-        self.mesh = layout.get_device_mesh(device.type)
+        super().__init__(args, accelerator, plugin, amp_dtype, layout)
+        self.mesh = layout.get_device_mesh(self.device.type)
         self.data_parallel_size = layout.data_parallel_size
         self.data_parallel_rank = torch.distributed.get_rank() // layout.non_data_parallel_size  # tp innermost: a TP group is consecutive
 
@@ -174,7 +174,8 @@ class _MeshParallel(_FullyShard):
                                  "(innermost) dimension, as from_pretrained(..., tp_plan='auto') does")
             return
 
-    def shard(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> torch.nn.Module:
+        """The model as it is (already placed on its mesh), checked, with a resume's sharded weights loaded."""
         self.check_model(model)
         if self.pending is not None:  # sharded weights of a resume, loaded now that the model is known
             folder, self.pending = self.pending, None
@@ -210,7 +211,7 @@ class _MeshParallel(_FullyShard):
             set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
 
-def _mesh_sharding(layout: Any, model: torch.nn.Module | None, plugin: Any, device: torch.device,
+def _mesh_sharding(args: Any, accelerator: Any, layout: Any, model: torch.nn.Module | None, plugin: Any,
                    amp_dtype: torch.dtype | None) -> _FullyShard | None:
     """The engine of a ``ParallelismConfig`` layout: ``_MeshParallel`` for a model already on a mesh (DTensor
     parameters), None where the FSDP plugin (or plain DDP) runs it.
@@ -227,7 +228,7 @@ def _mesh_sharding(layout: Any, model: torch.nn.Module | None, plugin: Any, devi
                              "distributed_config=DistributedConfig(tp_size=..., fsdp_size=..., dp_replicate_size=...), "
                              "which applies FSDP2 at load")
         sharded = plugin is not None and plugin.state_dict_type == "SHARDED_STATE_DICT"
-        return _MeshParallel(layout, device, amp_dtype, sharded=sharded)
+        return _MeshParallel(args, accelerator, layout, amp_dtype, sharded=sharded)
     if layout.dp_shard_size > 1 and plugin is None:
         raise ValueError(f"parallelism_config dp_shard_size={layout.dp_shard_size} shards the model with FSDP, but "
                          "fsdp is not set: set fsdp='full_shard' (or load the model sharded, with "
@@ -238,6 +239,4 @@ def _mesh_sharding(layout: Any, model: torch.nn.Module | None, plugin: Any, devi
         raise ValueError(f"fsdp is set but parallelism_config has dp_shard_size=1 (dp_replicate_size="
                          f"{layout.dp_replicate_size}): FSDP has no dimension to shard across; set dp_shard_size > 1 "
                          "or remove fsdp")
-    sharding = _FullyShard(plugin, device, amp_dtype)
-    sharding.layout = layout  # fully_shard over the layout's data-parallel mesh: (dp_replicate, dp_shard) is HSDP
-    return sharding
+    return _FullyShard(args, accelerator, plugin, amp_dtype, layout)  # over the layout's data-parallel mesh: HSDP
