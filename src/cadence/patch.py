@@ -46,6 +46,9 @@ MODULES = {
     "transformers.training_args_seq2seq": "cadence.training_args_seq2seq",
     "transformers.trainer_jit_checkpoint": "cadence.trainer_jit_checkpoint",
     "transformers.trainer_optimizer": "cadence.trainer_optimizer",
+    # the schedules and Adafactor: a scheduler a script builds from transformers (GreedyLR, which steps on eval
+    # metrics) must be the class cadence's Trainer knows
+    "transformers.optimization": "cadence.optimization",
 }
 # a module that holds one of these (or a subclass it defines) was built on transformers' Trainer before the patch
 _BASES = (("transformers.trainer", "Trainer"), ("transformers.training_args", "TrainingArguments"))
@@ -143,9 +146,10 @@ def patch_transformers() -> None:
 
     Patched: ``transformers.<name>`` at the top level and in ``transformers.trainer``, ``.training_args``,
     ``.trainer_callback``, ``.trainer_utils``, ``.trainer_pt_utils``, ``.trainer_seq2seq``,
-    ``.training_args_seq2seq``, ``.trainer_jit_checkpoint`` and ``.trainer_optimizer`` (where the installed
-    transformers has them), for every name cadence has (``Trainer``, ``TrainingArguments``, ``Seq2Seq*``,
-    ``TrainerCallback``, ``TrainerState``, ``TrainerControl``, the callbacks, ``set_seed``, ``EvalPrediction``, ...).
+    ``.training_args_seq2seq``, ``.trainer_jit_checkpoint``, ``.trainer_optimizer`` and ``.optimization`` (where
+    the installed transformers has them), for every name cadence has (``Trainer``, ``TrainingArguments``,
+    ``Seq2Seq*``, ``TrainerCallback``, ``TrainerState``, ``TrainerControl``, the callbacks, ``set_seed``,
+    ``EvalPrediction``, ``get_scheduler``, ``GreedyLR``, ``Adafactor``, ...).
     Their ``DEFAULT_CALLBACKS`` and module ``logger`` objects become cadence's as well.
     cadence's loggers (``cadence``, ``cadence.*``) become children of transformers' library root logger, with no level
     of their own: transformers' verbosity, handlers and captures apply to them as to transformers' Trainer
