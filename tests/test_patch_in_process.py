@@ -32,7 +32,22 @@ CODE = textwrap.dedent("""
     before = [ours.parent.name, ours.level]
     cadence.patch.patch_transformers()
     import transformers
+    import transformers.trainer
+    from unittest.mock import patch
     from transformers.testing_utils import CaptureLogger
+    from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+
+    class Recorder(transformers.TrainerCallback):
+        pass
+
+    args = transformers.TrainingArguments(sys.argv[1] + "/out", report_to="none", use_cpu=True)
+    with patch("transformers.trainer_callback.logger.warning") as warn_mock:
+        transformers.Trainer(torch.nn.Linear(1, 1), args, callbacks=[Recorder, Recorder])
+    args = transformers.TrainingArguments(sys.argv[1] + "/jit", report_to="none", use_cpu=True, enable_jit_checkpoint=True)
+    jit = transformers.Trainer(torch.nn.Linear(1, 1), args).callback_handler.callbacks
+    callbacks = {"defaults": [c.__module__ for c in transformers.trainer.DEFAULT_CALLBACKS],
+                 "warned": [str(Recorder) in c[0][0] for c in warn_mock.call_args_list],
+                 "jit": sum(isinstance(c, JITCheckpointCallback) for c in jit)}
 
     class Line(torch.nn.Module):
         def __init__(self):
@@ -86,19 +101,28 @@ CODE = textwrap.dedent("""
     after = [ours.parent.name, ours.level]
     reference = runs(sys.argv[1] + "/transformers")
     reference_greedy = greedy(sys.argv[1] + "/transformers-greedy")
-    print(json.dumps({"patched": patched, "reference": reference, "before": before, "after": after,
+    print(json.dumps({"callbacks": callbacks, "patched": patched, "reference": reference, "before": before, "after": after,
                       "patched_greedy": patched_greedy, "reference_greedy": reference_greedy}))
 """)
 
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory):
-    """What the script saw: one process, patched then unpatched (importing transformers twice would cost seconds)."""
+    """What the script saw: one process, patched then unpatched (each fresh process importing transformers costs
+    seconds, so the checks that need a patched process share this one)."""
     tmp_path = tmp_path_factory.mktemp("patch_in_process")
     proc = subprocess.run([sys.executable, "-c", CODE, str(tmp_path)], cwd=tmp_path, env=dist_exit.worker_env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_patch_points_default_callbacks_and_loggers_at_cadence(seen):
+    """transformers' own tests read ``transformers.trainer.DEFAULT_CALLBACKS`` and patch
+    ``transformers.trainer_callback.logger.warning``, and look for ``transformers.trainer_jit_checkpoint``'s
+    callback among the Trainer's: after the patch all reach cadence's (the list holds cadence's DefaultFlowCallback;
+    the duplicate-callback warning cadence logs goes through the patched method; the JIT callback is found)."""
+    assert seen["callbacks"] == {"defaults": ["cadence.trainer_callback"], "warned": [True], "jit": 1}, seen
 
 
 def test_patched_trainer_logs_through_transformers_root_logger(seen):
