@@ -6,6 +6,9 @@ users and transformers' own tests read the Trainer's messages through it: ``tran
 sets what shows, ``CaptureLogger(transformers.logging.get_logger())`` captures. While patched, cadence's loggers are
 its children, so both apply to cadence's messages; ``unpatch_transformers()`` puts them back.
 
+Names: transformers' ``DEFAULT_CALLBACKS``, its modules' ``logger`` and its JIT checkpoint callback are cadence's while
+patched (checked on the patched side only).
+
 Schedules: a scheduler a script builds from ``transformers.optimization`` (``GreedyLR``, which steps on the
 evaluation metric, not every optimizer step) is cadence's class while patched, so cadence's Trainer steps it as
 transformers' Trainer steps transformers' own.
@@ -43,7 +46,8 @@ CODE = textwrap.dedent("""
     args = transformers.TrainingArguments(sys.argv[1] + "/out", report_to="none", use_cpu=True)
     with patch("transformers.trainer_callback.logger.warning") as warn_mock:
         transformers.Trainer(torch.nn.Linear(1, 1), args, callbacks=[Recorder, Recorder])
-    args = transformers.TrainingArguments(sys.argv[1] + "/jit", report_to="none", use_cpu=True, enable_jit_checkpoint=True)
+    args = transformers.TrainingArguments(sys.argv[1] + "/jit", report_to="none", use_cpu=True,
+                                          enable_jit_checkpoint=True)
     jit = transformers.Trainer(torch.nn.Linear(1, 1), args).callback_handler.callbacks
     callbacks = {"defaults": [c.__module__ for c in transformers.trainer.DEFAULT_CALLBACKS],
                  "warned": [str(Recorder) in c[0][0] for c in warn_mock.call_args_list],
@@ -101,8 +105,8 @@ CODE = textwrap.dedent("""
     after = [ours.parent.name, ours.level]
     reference = runs(sys.argv[1] + "/transformers")
     reference_greedy = greedy(sys.argv[1] + "/transformers-greedy")
-    print(json.dumps({"callbacks": callbacks, "patched": patched, "reference": reference, "before": before, "after": after,
-                      "patched_greedy": patched_greedy, "reference_greedy": reference_greedy}))
+    print(json.dumps({"callbacks": callbacks, "patched": patched, "reference": reference, "before": before,
+                      "after": after, "patched_greedy": patched_greedy, "reference_greedy": reference_greedy}))
 """)
 
 
