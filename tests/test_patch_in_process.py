@@ -63,7 +63,8 @@ CODE = textwrap.dedent("""
 
     data = [{"x": torch.tensor([float(i)]), "labels": torch.tensor([2.0 * i])} for i in range(4)]
     # (verbosity before the Trainer is built, its log_level, verbosity set between building it and train())
-    CASES = [("error", "passive", None), ("info", "passive", None), ("info", "error", None), ("error", "passive", "info")]
+    CASES = [("error", "passive", None), ("info", "passive", None), ("info", "error", None),
+             ("error", "passive", "info")]
 
     def runs(out):
         seen, classes = [], set()
