@@ -180,39 +180,6 @@ def test_patch_names_a_module_that_subclasses_through_the_transformers_module(tm
     assert "after early_lib had been imported" in proc.stdout, proc.stdout[-2000:]
 
 
-@pytest.mark.slow  # a fresh process importing transformers
-def test_patch_points_default_callbacks_and_loggers_at_cadence(tmp_path):
-    """transformers' own tests read ``transformers.trainer.DEFAULT_CALLBACKS`` and patch
-    ``transformers.trainer_callback.logger.warning``, and look for ``transformers.trainer_jit_checkpoint``'s
-    callback among the Trainer's: after the patch all reach cadence's (the list holds cadence's DefaultFlowCallback;
-    the duplicate-callback warning cadence logs goes through the patched method; the JIT callback is found)."""
-    code = textwrap.dedent("""
-        import json, torch
-        from unittest.mock import patch
-        import cadence
-        cadence.patch_transformers()
-        import transformers.trainer
-        from transformers.trainer_jit_checkpoint import JITCheckpointCallback
-
-        class Recorder(transformers.TrainerCallback):
-            pass
-
-        args = transformers.TrainingArguments(output_dir=%r, report_to="none", use_cpu=True)
-        with patch("transformers.trainer_callback.logger.warning") as warn_mock:
-            transformers.Trainer(torch.nn.Linear(1, 1), args, callbacks=[Recorder, Recorder])
-        args = transformers.TrainingArguments(output_dir=%r, report_to="none", use_cpu=True, enable_jit_checkpoint=True)
-        jit = transformers.Trainer(torch.nn.Linear(1, 1), args).callback_handler.callbacks
-        print(json.dumps({"defaults": [c.__module__ for c in transformers.trainer.DEFAULT_CALLBACKS],
-                          "warned": [str(Recorder) in c[0][0] for c in warn_mock.call_args_list],
-                          "jit": sum(isinstance(c, JITCheckpointCallback) for c in jit)}))
-    """) % (str(tmp_path / "out"), str(tmp_path / "jit"))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dist_exit.worker_env(), capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.splitlines()[-1])
-    assert seen == {"defaults": ["cadence.trainer_callback"], "warned": [True], "jit": 1}, seen
-
-
 RECORDER = """
 import json, sys, transformers, cadence
 json.dump({"argv": sys.argv, "name": __name__, "path0": sys.path[0], "patched": transformers.Trainer is cadence.Trainer,

@@ -46,6 +46,9 @@ MODULES = {
     "transformers.training_args_seq2seq": "cadence.training_args_seq2seq",
     "transformers.trainer_jit_checkpoint": "cadence.trainer_jit_checkpoint",
     "transformers.trainer_optimizer": "cadence.trainer_optimizer",
+    # the schedules and Adafactor: a scheduler a script builds from transformers (GreedyLR, which steps on eval
+    # metrics) must be the class cadence's Trainer knows
+    "transformers.optimization": "cadence.optimization",
 }
 # a module that holds one of these (or a subclass it defines) was built on transformers' Trainer before the patch
 _BASES = (("transformers.trainer", "Trainer"), ("transformers.training_args", "TrainingArguments"))
@@ -61,6 +64,7 @@ ENV = "CADENCE_PATCH_TRANSFORMERS"
 PTH = "cadence_patch.pth"  # the start-up hook's file in site-packages (shipped in the wheel, see setup.py)
 
 _applied: dict[str, Any] = {}  # name -> transformers' original object, once patched
+_loggers_before: dict[str, Any] = {}  # the `cadence` logger's parent and level before the patch, while patched
 _pairs: dict[int, tuple[Any, Any]] = {}  # the start-up hook's replacements so far, over the modules patched
 
 
@@ -142,10 +146,14 @@ def patch_transformers() -> None:
 
     Patched: ``transformers.<name>`` at the top level and in ``transformers.trainer``, ``.training_args``,
     ``.trainer_callback``, ``.trainer_utils``, ``.trainer_pt_utils``, ``.trainer_seq2seq``,
-    ``.training_args_seq2seq``, ``.trainer_jit_checkpoint`` and ``.trainer_optimizer`` (where the installed
-    transformers has them), for every name cadence has (``Trainer``, ``TrainingArguments``, ``Seq2Seq*``,
-    ``TrainerCallback``, ``TrainerState``, ``TrainerControl``, the callbacks, ``set_seed``, ``EvalPrediction``, ...).
+    ``.training_args_seq2seq``, ``.trainer_jit_checkpoint``, ``.trainer_optimizer`` and ``.optimization`` (where
+    the installed transformers has them), for every name cadence has (``Trainer``, ``TrainingArguments``,
+    ``Seq2Seq*``, ``TrainerCallback``, ``TrainerState``, ``TrainerControl``, the callbacks, ``set_seed``,
+    ``EvalPrediction``, ``get_scheduler``, ``GreedyLR``, ``Adafactor``, ...).
     Their ``DEFAULT_CALLBACKS`` and module ``logger`` objects become cadence's as well.
+    cadence's loggers (``cadence``, ``cadence.*``) become children of transformers' library root logger, with no level
+    of their own: transformers' verbosity, handlers and captures apply to them as to transformers' Trainer
+    (``unpatch_transformers()`` puts them back).
     Calling it again does nothing. It sets ``CADENCE_PATCH_TRANSFORMERS=1`` in ``os.environ``: the Python processes
     started afterwards (launchers, workers) patch themselves at start-up, through ``cadence_patch.pth``; a
     transformers ``Trainer`` built anyway in such a process warns once. transformers' callbacks imported before it (``EarlyStoppingCallback``)
@@ -174,11 +182,66 @@ def patch_transformers() -> None:
     for name in MODULES:
         if name in sys.modules:
             _swap(sys.modules[name], pairs)
+    _adopt_loggers()
     if "transformers.trainer.Trainer" in _applied:  # not when the start-up hook has patched it already
         _warn_when_built(_applied["transformers.trainer.Trainer"], "its class was defined on transformers' Trainer "
                          "before cadence.patch_transformers() ran (a reference kept from before the patch)")
     os.environ[ENV] = "1"  # child processes (launchers, workers) patch themselves through the start-up hook
     logger.info("cadence: %d transformers trainer names now point at cadence's", len(_applied))
+
+
+def unpatch_transformers() -> None:
+    """Undo ``patch_transformers()`` in this process: transformers' trainer names point at transformers' own objects
+    again, cadence's loggers leave transformers' logger tree (their parent and level as before the patch), the
+    start-up hook stops patching modules imported from now on, and ``CADENCE_PATCH_TRANSFORMERS`` is removed, so child
+    processes started afterwards run on transformers. Classes defined while patched (a library's trainer imported
+    meanwhile) stay subclasses of cadence's. Calling it when not patched does nothing.
+
+    Example:
+        >>> import cadence.patch
+        >>> cadence.patch.patch_transformers()
+        >>> cadence.patch.unpatch_transformers()
+        >>> import transformers
+        >>> transformers.Trainer.__module__
+        'transformers.trainer'
+    """
+    for key, original in reversed(list(_applied.items())):
+        module_name, name = key.rsplit(".", 1)
+        if module_name in sys.modules:
+            setattr(sys.modules[module_name], name, original)
+    trainer = sys.modules.get("transformers.trainer")
+    if trainer is not None and getattr(trainer.Trainer.__init__, "_cadence_warns", False):
+        trainer.Trainer.__init__ = trainer.Trainer.__init__.__wrapped__
+    _applied.clear()
+    _pairs.clear()
+    _warned.clear()
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _PatchOnImport)]
+    os.environ.pop(ENV, None)
+    _release_loggers()
+
+
+def _adopt_loggers() -> None:
+    """Make the ``cadence`` logger a child of transformers' library root logger while patched, with no level of its
+    own: cadence's Trainer then logs where transformers' Trainer logs (``transformers.trainer`` is a child of that
+    root, which does not propagate to Python's root logger), so transformers' verbosity
+    (``transformers.logging.set_verbosity_*``, ``TRANSFORMERS_VERBOSITY``), its handler and a handler added to it
+    (``CaptureLogger(transformers.logging.get_logger())``) apply to cadence's messages as to transformers'."""
+    if _loggers_before or "transformers.utils.logging" not in sys.modules:
+        return
+    root = sys.modules["transformers.utils.logging"].get_logger()  # configured as on transformers' first use
+    ours = logging.getLogger("cadence")
+    _loggers_before.update(parent=ours.parent, level=ours.level)
+    ours.parent = root
+    ours.setLevel(logging.NOTSET)  # also clears the loggers' cached levels, which the new parent changes
+
+
+def _release_loggers() -> None:
+    """Put the ``cadence`` logger back where it was before ``_adopt_loggers()``, with its level."""
+    if not _loggers_before:
+        return
+    ours = logging.getLogger("cadence")
+    ours.parent = _loggers_before.pop("parent")
+    ours.setLevel(_loggers_before.pop("level"))
 
 
 def is_patched() -> bool:
@@ -204,6 +267,7 @@ def _warn_when_built(original: type, why: str) -> None:
         init(self, *args, **kwargs)
 
     __init__._cadence_warns = True  # type: ignore[attr-defined]
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]  # what unpatch_transformers() puts back
     original.__init__ = __init__  # type: ignore[method-assign]
 
 
@@ -240,6 +304,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 _warn_when_built(module.Trainer, "its class was defined on transformers' Trainer before the patch")
             _pairs.update(_module_replacements(module))
             _swap(module, _pairs)
+            _adopt_loggers()
         except Exception as error:  # the import itself must not fail: say loudly that this process is on transformers
             trainer = sys.modules.get("transformers.trainer")
             warnings.warn(f"cadence: the start-up hook could not patch {module.__name__} ({error!r}); this process "
@@ -266,4 +331,4 @@ def hook_installed() -> bool:
     return any(os.path.exists(os.path.join(folder, PTH)) for folder in folders)
 
 
-__all__ = ["is_patched", "patch_transformers"]
+__all__ = ["is_patched", "patch_transformers", "unpatch_transformers"]

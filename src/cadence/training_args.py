@@ -79,7 +79,8 @@ def _current_log_level() -> int:
 def set_process_log_level(args: TrainingArguments) -> None:
     """What transformers' Trainer does with ``log_level`` when it is built: this process's level
     (``args.get_process_log_level()``) on cadence's logger tree, and on transformers' when transformers is loaded (its
-    verbosity, as transformers' Trainer sets it). ``transformers.logging.set_verbosity_*()`` afterwards reaches
+    verbosity, as transformers' Trainer sets it; under ``patch_transformers()`` only there, since cadence's loggers are
+    then in transformers' tree). ``transformers.logging.set_verbosity_*()`` afterwards reaches
     cadence's loggers at the next Trainer, as it reaches transformers' (a later Trainer with ``log_level="passive"``
     keeps the level, as in transformers).
 
@@ -90,7 +91,12 @@ def set_process_log_level(args: TrainingArguments) -> None:
     """
     global _transformers_verbosity_seen
     level = args.get_process_log_level()
-    logging.getLogger("cadence").setLevel(level)
+    ours = logging.getLogger("cadence")
+    if ours.parent.name != "transformers":  # not under patch_transformers()
+        ours.setLevel(level)
+    # else cadence's loggers sit in transformers' tree with no level of their own: transformers' verbosity, set below
+    # as transformers' Trainer sets it, is theirs, and a later set_verbosity_*() reaches them at once, as it does
+    # transformers' Trainer
     hf = _transformers_logging()
     if hf is not None:
         named = _LOG_LEVELS[args.log_level if args.should_log else args.log_level_replica] != -1
