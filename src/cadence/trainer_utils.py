@@ -412,7 +412,7 @@ def estimate_mfu(total_flos: float, seconds: float, device: Any, world_size: int
     Returns:
         A fraction (0.4 means 40 % of peak), or None on a CPU, an unknown GPU, or no time.
     """
-    from .backend.devices import peak_flops  # on use: this module imports nothing of cadence at its top (cheap to import)
+    from .runtime.devices import peak_flops  # on use: this module imports nothing of cadence at its top (cheap to import)
 
     peak = peak_flops(device) if seconds > 0 else None
     if peak is None:
@@ -552,7 +552,7 @@ def find_executable_batch_size(
                     raise
                 smaller = int(batch_size * 0.9)  # accelerate's rule, which transformers uses: 10% at a time
                 logger.info("Out of memory at batch size %d; retrying with %d", batch_size, smaller)
-                from .backend.devices import free_memory  # on use, as peak_flops above
+                from .runtime.devices import free_memory  # on use, as peak_flops above
 
                 free_memory()  # the failed attempt's tensors and the device's cache, before retrying
                 batch_size = smaller

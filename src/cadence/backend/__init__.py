@@ -31,20 +31,21 @@ is torch's FSDP2 ``fully_shard``, configured through accelerate's ``FullySharded
 (``fsdp_version=2``) and applied here, on every device type, so the same code runs on CPUs (gloo) and
 GPUs; accelerate's own FSDP path only runs on accelerators. See ``_FullyShard``.
 
-Modules, each importing only the ones before it: ``devices`` (device, cache, memory, device RNG, peak FLOP/s),
-``precision``, ``processes`` (process group, rendezvous, accelerate's process state, ranks), ``fsdp``, ``meshes``
-(tensor, 2-D and hybrid parallelism), ``deepspeed``, ``adapter`` (``Backend``), ``accelerator_view``
-(``AcceleratorView``, ``accelerator_kwargs``). Every name is importable from ``cadence.backend``.
+Modules, each importing only the ones before it: ``precision``, ``fsdp``, ``meshes`` (tensor, 2-D and hybrid
+parallelism), ``deepspeed``, ``adapter`` (``Backend``), ``accelerator_view`` (``AcceleratorView``,
+``accelerator_kwargs``). The device and process facts they stand on (``devices``, ``processes``, ``slurm``) are
+``cadence.runtime``, a floor below every package; their names are re-exported here. Every name is importable from
+``cadence.backend``.
 """
 
 import torch  # noqa: F401 - ``cadence.backend.torch``, as the module it replaces had it (tests patch torch.amp there)
 
-from .devices import (  # noqa: F401
+from ..runtime.devices import (  # noqa: F401
     accelerator_available, bf16_gpu_available, copies_done_event, default_device, device_memory,
     device_rng_state, empty_cache, free_memory, peak_flops, reset_device_peak_memory, set_device_rng_state,
     _EMPTY_CACHE,
 )
-from .processes import (  # noqa: F401
+from ..runtime.processes import (  # noqa: F401
     accelerate_state, any_process, every_process, find_unused_parameters, main_process_first, process_group_size_and_rank,
     process_state,
     require_configured_state, shard_batch_sampler, _process_group_options,

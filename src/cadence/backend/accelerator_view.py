@@ -12,7 +12,7 @@ import torch
 
 from .adapter import Backend
 from .precision import _map_tensors
-from .processes import accelerate_state, find_unused_parameters, process_state
+from ..runtime.processes import accelerate_state, find_unused_parameters, process_state
 
 
 class AcceleratorView:

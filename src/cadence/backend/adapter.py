@@ -18,11 +18,11 @@ from ..checkpoint.deepspeed_files import check_deepspeed_folder, has_tag_file
 
 from .deepspeed import (_check_deepspeed_usable, deepspeed_accelerator, deepspeed_config, deepspeed_optimizers,
                         unused_given_optimizers)
-from .devices import empty_cache, free_memory
+from ..runtime.devices import empty_cache, free_memory
 from .fsdp import _FullyShard, fsdp_plugin
 from .meshes import _accelerate_parallelism, _mesh_sharding, parallelism_layout
 from .precision import _HALF_DTYPES, _amp_dtype, _apply_tf32, _check_dtype_on_device, _forward_in_autocast, _map_tensors
-from .processes import (_end_at_exit_if_started, _is_collective_failure, _on_cpu, _process_group_options, accelerate_state,
+from ..runtime.processes import (_end_at_exit_if_started, _is_collective_failure, _on_cpu, _process_group_options, accelerate_state,
                         find_unused_parameters)
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import torch
 from ..checkpoint import formats
 from ..checkpoint.sharded import load_dcp
 
-from .devices import default_device
+from ..runtime.devices import default_device
 from .fsdp import _FullyShard
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import data
-from ..backend.processes import every_process, process_group_size_and_rank
+from ..runtime.processes import every_process, process_group_size_and_rank
 from ..loop_state import BatchLayout
 from ..trainer_utils import has_length, sorted_checkpoints
 from .formats import (OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,

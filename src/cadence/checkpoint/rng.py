@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backend.devices import device_rng_state, set_device_rng_state
+from ..runtime.devices import device_rng_state, set_device_rng_state
 from .formats import RNG_STATE_NAME, _corrupt, safe_load
 
 

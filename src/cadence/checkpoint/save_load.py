@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .. import output_guard, peft_support
-from ..backend.processes import every_process
+from ..runtime.processes import every_process
 from ..trainer_callback import ExportableState, TrainerState
 from ..trainer_utils import compare_trainer_and_checkpoint_args
 from .background import BackgroundWriter

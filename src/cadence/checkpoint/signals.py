@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..backend.processes import any_process
+from ..runtime.processes import any_process
 from ..trainer_callback import TrainerCallback
 
 logger = logging.getLogger(__name__)
