@@ -326,7 +326,7 @@ def check_async_save():
     the next optimizer step would hold a later step's values)."""
     from safetensors.torch import load_file
 
-    from cadence.checkpoint.formats import safe_load
+    from cadence.checkpoint_io.formats import safe_load
 
     seen = {}
 
@@ -381,10 +381,10 @@ def check_deepspeed(fp32, stage):
     # DeepSpeed's classes): the genuine files pass it, and a payload planted in a copy is refused and never runs
     import shutil
 
-    from cadence.checkpoint.deepspeed_files import check_deepspeed_folder
+    from cadence.checkpoint_io.deepspeed_files import check_deepspeed_folder
     from pathlib import Path
 
-    from cadence.checkpoint.formats import UnsafeCheckpointError
+    from cadence.checkpoint_io.formats import UnsafeCheckpointError
     from cadence.checkpoint.manifest import write_manifest
 
     checked = [os.path.relpath(p, ckpt) for p in check_deepspeed_folder(ckpt)]
@@ -539,7 +539,7 @@ def check_save_timing():
         for s, (weights, moments) in clock.seen.items():
             from safetensors.torch import load_file
 
-            from cadence.checkpoint.formats import safe_load
+            from cadence.checkpoint_io.formats import safe_load
 
             folder = os.path.join(OUT, f"save_{mode}", f"checkpoint-{s}")
             saved = load_file(os.path.join(folder, "model.safetensors"))

@@ -17,7 +17,8 @@ import torch
 from tiny import RegressionDataset, RegressionModel
 
 from cadence import Trainer, TrainingArguments, backend, data
-from cadence.checkpoint import formats, rng
+from cadence.checkpoint import rng
+from cadence.checkpoint_io import formats
 from cadence.backend import Backend
 
 

@@ -102,8 +102,8 @@ FLOORS = [
     ("device and process facts", ["cadence.version", "cadence.versions", "cadence.peft_support", "cadence.backend.devices",
                                   "cadence.backend.processes", "cadence.backend.slurm"]),
     ("public helpers and file formats", ["cadence.trainer_utils", "cadence.memory_metrics", "cadence.checks",
-                                         "cadence.checkpoint", "cadence.checkpoint.formats",
-                                         "cadence.checkpoint.sharded", "cadence.checkpoint.deepspeed_files"]),
+                                         "cadence.checkpoint", "cadence.checkpoint_io.formats",
+                                         "cadence.checkpoint_io.sharded", "cadence.checkpoint_io.deepspeed_files"]),
     ("the loop's parts", ["cadence.trainer_callback", "cadence.data", "cadence.optimization", "cadence.loss",
                           "cadence.evaluation", "cadence.loop_state", "cadence.output_guard"]),
     ("checkpoints", ["cadence.checkpoint.rng", "cadence.checkpoint.manifest", "cadence.checkpoint.writer",
@@ -175,7 +175,7 @@ def test_importing_a_low_floor_never_pulls_in_the_trainer():
     """What the low floors reach, transitively, never includes the Trainer or the checkpoint's save/load."""
     graph = import_graph()
     for module in ["cadence.trainer_utils", "cadence.backend", "cadence.data", "cadence.optimization",
-                   "cadence.checkpoint.formats", "cadence.checkpoint"]:
+                   "cadence.checkpoint_io.formats", "cadence.checkpoint"]:
         reached, todo = set(), [module]
         while todo:  # everything the module reaches, transitively
             for nxt in graph[todo.pop()]:

@@ -42,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from .checkpoint.formats import LOOP_STATE_NAME, UnsafeCheckpointError, checked_path  # holds the job identity
+from .checkpoint_io.formats import LOOP_STATE_NAME, UnsafeCheckpointError, checked_path  # holds the job identity
 from .trainer_utils import CHECKPOINT_DIR_RE, sorted_checkpoints
 
 try:

@@ -35,7 +35,7 @@ def load_history(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     Raises:
         FileNotFoundError: none of those files is there.
     """
-    from .checkpoint.formats import TRAINER_STATE_NAME
+    from .checkpoint_io.formats import TRAINER_STATE_NAME
     from .integrations.jsonl import LOG_HISTORY_NAME, read_log_history
     from .trainer_utils import get_last_checkpoint
 

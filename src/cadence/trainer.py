@@ -34,9 +34,10 @@ from torch.utils.data import DataLoader
 from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
 from .backend import AcceleratorView, Backend, accelerator_kwargs, any_process, every_process
-from .checkpoint import background, formats, manifest, save_load, signals, writer
+from .checkpoint import background, manifest, save_load, signals, writer
+from .checkpoint_io import formats
 # transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
-from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
+from .checkpoint_io.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
 from .checkpoint.rng import capture_rng_state, restore_rng_state
 from .checkpoint.resume import ResumePoint, agreed_checkpoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
 from .integrations import base as trackers, registry as integrations

@@ -1,14 +1,9 @@
 """Checkpoints in Hugging Face's layout: written atomically, read safely, resumed exactly.
 
 A package in layers; each module imports only the ones below it (``tests/test_import_layers.py`` checks that no
-import cycle exists anywhere in cadence):
+import cycle exists anywhere in cadence). The files' names and safe reading are ``cadence.checkpoint_io``, the
+package below this one and below the engines:
 
-- ``formats``: the file names, writing and reading the weights (safetensors, sharded, ``pytorch_model.bin``), and
-  reading every other file without running code (``torch.load(weights_only=True)``). ``backend/`` uses this
-  layer and nothing above it.
-- ``sharded``: FSDP's sharded state (DCP folders), read through a restricted unpickler.
-- ``deepspeed_files``: DeepSpeed's own files (``latest``, ``latest_universal``, everything under their tags), checked
-  with ``weights_only`` and DeepSpeed's few classes before ``engine.load_checkpoint`` unpickles them.
 - ``rng``: the RNG states of a process, captured and restored.
 - ``manifest``: the checksum manifest written into every checkpoint, and checking a folder before it is read.
 - ``writer``: staging folders, fsync, the atomic rename, removing what killed saves left, rotation.

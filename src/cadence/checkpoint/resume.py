@@ -37,7 +37,7 @@ from .. import data
 from ..runtime.processes import every_process, process_group_size_and_rank
 from ..loop_state import BatchLayout
 from ..trainer_utils import has_length, sorted_checkpoints
-from .formats import (OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
+from ..checkpoint_io.formats import (OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
                       TRAINER_STATE_NAME, CorruptCheckpointError, load_training_args, safe_load)
 from .manifest import read_loop_state, verify_checkpoint
 from .rng import checkpoint_world_size, read_rng_state, restore_rng_state, rng_state_name

@@ -23,7 +23,7 @@ from ..runtime.processes import every_process
 from ..trainer_callback import ExportableState, TrainerState
 from ..trainer_utils import compare_trainer_and_checkpoint_args
 from .background import BackgroundWriter
-from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
+from ..checkpoint_io.formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
                       TRAINER_STATE_NAME, TRAINING_ARGS_JSON, TRAINING_ARGS_NAME, WEIGHTS_NAME, load_training_args,
                       safe_load, _takes_keyword, save_json, save_model_weights, writing)
 from .manifest import read_trainer_state

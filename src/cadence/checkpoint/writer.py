@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..trainer_utils import CHECKPOINT_DIR_RE, DELETING_PREFIX, delete_oldest, remove_folder, sorted_checkpoints
-from .formats import writing
+from ..checkpoint_io.formats import writing
 from .manifest import MANIFEST_NAME, write_manifest
 from .rng import capture_rng_state, rng_state_name
 
