@@ -51,9 +51,9 @@ AUDIT = {
     ("peft_support.py", "load_adapter_weights", "load_file"):
         "safetensors (no code); is_file() first (a FIFO or device is 'missing'); a checkpoint-N folder's files all "
         "pass checked_files in verify_checkpoint before",
-    ("trainer_callback.py", "TrainerState.load_from_json", "open"):
+    ("trainer_state.py", "TrainerState.load_from_json", "open"):
         "JSON only; resume reaches it through read_trainer_state (checked_path, fields typed); else a path a user passes",
-    ("trainer_callback.py", "TrainerState.load_from_json", "json.load"): "as above",
+    ("trainer_state.py", "TrainerState.load_from_json", "json.load"): "as above",
     ("output_guard.py", "job_checkpoints", "read_text"): "loop_state.json through checked_path; JSON only",
     ("output_guard.py", "OutputDirLock._read_owner", "read_bytes"): "cadence's own lock file in output_dir; JSON only",
     # --- files a user names (configs), and the process's own files

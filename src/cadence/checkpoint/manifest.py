@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..trainer_callback import TrainerState
+from ..trainer_state import TrainerState
 from .rng import read_rng_state
 from ..checkpoint_io.sharded import DCP_METADATA_NAME, check_dcp_folder
 from ..checkpoint_io.formats import (LOOP_STATE_NAME, TRAINER_STATE_NAME, WEIGHTS_FILE_RE, CorruptCheckpointError,

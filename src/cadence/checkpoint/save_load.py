@@ -20,7 +20,7 @@ import torch
 
 from .. import output_guard, peft_support
 from ..runtime.processes import every_process
-from ..trainer_callback import ExportableState, TrainerState
+from ..trainer_state import ExportableState, TrainerState
 from ..trainer_utils import compare_trainer_and_checkpoint_args
 from .background import BackgroundWriter
 from ..checkpoint_io.formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
