@@ -36,7 +36,8 @@ from typing import Any, Callable, Iterator
 from .. import data
 from ..runtime.processes import every_process, process_group_size_and_rank
 from ..loop_state import BatchLayout
-from ..trainer_utils import has_length, sorted_checkpoints
+from ..checkpoint_io.folders import sorted_checkpoints
+from ..trainer_utils import has_length
 from ..checkpoint_io.formats import (OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
                       TRAINER_STATE_NAME, CorruptCheckpointError, load_training_args, safe_load)
 from .manifest import read_loop_state, verify_checkpoint

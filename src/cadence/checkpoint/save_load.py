@@ -28,8 +28,9 @@ from ..checkpoint_io.formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAM
                       safe_load, _takes_keyword, save_json, save_model_weights, writing)
 from .manifest import read_trainer_state
 from .resume import ResumePoint, load_optimizer_and_scheduler, resume_point
-from .writer import (final_name, keep_only_best, prepare_staging, remove_incomplete, rotate_checkpoints,
-                     save_rng_state, staging_folder, staging_removed_on_error, write_atomically)
+from ..checkpoint_io.folders import keep_only_best, rotate_checkpoints
+from .writer import (final_name, prepare_staging, remove_incomplete, save_rng_state, staging_folder,
+                     staging_removed_on_error, write_atomically)
 
 logger = logging.getLogger(__name__)
 
@@ -189,8 +190,8 @@ def _complete(folder: Path, write: Callable[[Path], None] | None, args: Any, bes
         barrier()
     if write is not None:
         remove_incomplete(args.output_dir)
-        rotate_checkpoints(args.output_dir, args.save_total_limit, best, folder,
-                           output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
+        rotate_checkpoints(args.output_dir, args.save_total_limit, best, just_written=folder,
+                           earlier=output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
 
 
 def finish_rotation(args: Any, best: str | None) -> list[Path]:
