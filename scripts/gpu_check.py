@@ -341,7 +341,7 @@ def check_async_save():
     trainer = Trainer(TinyLM(), args("async_save", save_strategy="steps", save_steps=5, async_save=True),
                       train_dataset=Tokens(), data_collator=collate, callbacks=[Record()])
     trainer.train()
-    buffers = list(trainer._checkpoint_writer._buffers.values())
+    buffers = list(trainer.checkpointer.writer._buffers.values())
     pinned = bool(buffers) and all(b.is_pinned() for b in buffers)
     wrong = []
     for step, (weights, moments) in seen.items():
@@ -503,7 +503,7 @@ def check_save_timing():
                     self.events[state.global_step].record()
 
             def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
-                s, writer = state.global_step, holder["trainer"]._checkpoint_writer
+                s, writer = state.global_step, holder["trainer"].checkpointer.writer
                 if self.last_save is not None and not writer.done():
                     self.overlapped[self.last_save] += 1  # this step ran while the write of that save went on
                 if s % every == every - 1 and s > every:  # the previous write finishes here, outside the gaps
@@ -534,7 +534,7 @@ def check_save_timing():
             windows = {s: clock.events[s - 1].elapsed_time(clock.events[s]) for s in clock.events if s - 1 in clock.events}
             usual = statistics.median(v for s, v in windows.items() if s % every)
             device_ms = {s: windows[s] - usual for s in windows if s % every == 0}  # the save's copies on the stream
-        buffers = list(trainer._checkpoint_writer._buffers.values())
+        buffers = list(trainer.checkpointer.writer._buffers.values())
         wrong = []
         for s, (weights, moments) in clock.seen.items():
             from safetensors.torch import load_file

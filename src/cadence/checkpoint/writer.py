@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..checkpoint_io.folders import CHECKPOINT_DIR_RE, DELETING_PREFIX, remove_folder
+from ..checkpoint_io.folders import CHECKPOINT_DIR_RE, DELETING_PREFIX, remove_folder, sorted_checkpoints
 from ..checkpoint_io.formats import writing
 from .manifest import MANIFEST_NAME, write_manifest
 from .rng import capture_rng_state, rng_state_name
