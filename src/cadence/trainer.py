@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support
-from .backend import AcceleratorView, Backend, accelerator_kwargs
+from .backend import AcceleratorView, Backend, accelerator_kwargs, skip_first_batches
 # checkpoints only through the Checkpointer; transformers' module constants (scripts import the checkpoint file names
 # from transformers.trainer) come with it
 from .checkpoint.manager import (OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME,  # noqa: F401
@@ -484,8 +484,6 @@ class Trainer:
             ...         dataloader.dataset.seek(num_batches * self.args.train_batch_size)
             ...         return dataloader
         """
-        from accelerate import skip_first_batches  # on use: accelerate's data module is not needed otherwise
-
         return skip_first_batches(dataloader, num_batches)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:

@@ -63,5 +63,5 @@ from .adapter import (  # noqa: F401
     Backend,
 )
 from .accelerator_view import (  # noqa: F401
-    accelerator_kwargs, AcceleratorView,
+    accelerator_kwargs, AcceleratorView, skip_first_batches,
 )

@@ -226,6 +226,18 @@ class AcceleratorView:
         return process_state(self._backend._args)
 
 
+def skip_first_batches(dataloader: Any, num_batches: int) -> Any:
+    """accelerate's ``skip_first_batches``: ``dataloader`` without its first ``num_batches`` batches (what
+    transformers' ``get_resumed_dataloader`` returns).
+
+    Example:
+        >>> rest = skip_first_batches(loader, 3)  # doctest: +SKIP
+    """
+    from accelerate import skip_first_batches as skip  # on use: accelerate's data module is not needed otherwise
+
+    return skip(dataloader, num_batches)
+
+
 def accelerator_kwargs(args: Any, model: torch.nn.Module, **overrides: Any) -> dict[str, Any]:
     """The keyword arguments transformers' Trainer gives accelerate's ``Accelerator`` for ``args`` and ``model``
     (``Trainer._build_accelerator_args``, for subclasses that read or extend them). cadence's own ``Accelerator``
