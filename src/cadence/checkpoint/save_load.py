@@ -60,7 +60,7 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     collectives on a group of their own); the main process hands a CPU snapshot of the rest to its writer's thread,
     which writes the shards, then the other files, hashes, renames and rotates. Returns at once;
     ``writer.wait()`` waits for the folder (on every process: for its shards). The caller has collected the previous
-    save first (one in flight: the Trainer's ``_collect_save``, which also fires its ``on_save``), and passes no writer
+    save first (one in flight: ``Checkpointer.poll``, which also fires its ``on_save``), and passes no writer
     where ``backend.saves_in_background`` is False.
 
     Args:
