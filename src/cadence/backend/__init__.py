@@ -4,9 +4,10 @@ The loop asks verbs (``prepare_model``, ``prepare_training``, ``no_sync``, ``aut
 ``clip_grad_norm``, ``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``, and
 for checkpoints ``model_state_dict``, ``optimizer_state_dict``, ``load_model_weights``, ``load_optimizer_state``) and never
 asks which engine is underneath; ``pin_memory``, ``empty_cache`` and ``free_memory`` answer for its device. Code
-with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks this module's functions instead:
-``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``, ``peak_flops``,
-``process_group_size_and_rank``, ``any_process``, ``every_process``. No other module calls torch.cuda or torch.distributed.
+with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks ``cadence.runtime``'s functions instead
+(re-exported here): ``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``,
+``peak_flops``, ``process_group_size_and_rank``, ``any_process``, ``every_process``. No module outside these two
+packages calls torch.cuda or torch.distributed.
 ``AcceleratorView`` is ``trainer.accelerator``: accelerate's ``Accelerator`` methods for subclasses, on one
 process or several.
 
