@@ -326,7 +326,7 @@ def check_async_save():
     the next optimizer step would hold a later step's values)."""
     from safetensors.torch import load_file
 
-    from cadence.checkpoint.formats import safe_load
+    from cadence.checkpoint_io.formats import safe_load
 
     seen = {}
 
@@ -341,7 +341,7 @@ def check_async_save():
     trainer = Trainer(TinyLM(), args("async_save", save_strategy="steps", save_steps=5, async_save=True),
                       train_dataset=Tokens(), data_collator=collate, callbacks=[Record()])
     trainer.train()
-    buffers = list(trainer._checkpoint_writer._buffers.values())
+    buffers = list(trainer.checkpointer.writer._buffers.values())
     pinned = bool(buffers) and all(b.is_pinned() for b in buffers)
     wrong = []
     for step, (weights, moments) in seen.items():
@@ -381,10 +381,10 @@ def check_deepspeed(fp32, stage):
     # DeepSpeed's classes): the genuine files pass it, and a payload planted in a copy is refused and never runs
     import shutil
 
-    from cadence.checkpoint.deepspeed_files import check_deepspeed_folder
+    from cadence.checkpoint_io.deepspeed_files import check_deepspeed_folder
     from pathlib import Path
 
-    from cadence.checkpoint.formats import UnsafeCheckpointError
+    from cadence.checkpoint_io.formats import UnsafeCheckpointError
     from cadence.checkpoint.manifest import write_manifest
 
     checked = [os.path.relpath(p, ckpt) for p in check_deepspeed_folder(ckpt)]
@@ -503,7 +503,7 @@ def check_save_timing():
                     self.events[state.global_step].record()
 
             def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
-                s, writer = state.global_step, holder["trainer"]._checkpoint_writer
+                s, writer = state.global_step, holder["trainer"].checkpointer.writer
                 if self.last_save is not None and not writer.done():
                     self.overlapped[self.last_save] += 1  # this step ran while the write of that save went on
                 if s % every == every - 1 and s > every:  # the previous write finishes here, outside the gaps
@@ -534,12 +534,12 @@ def check_save_timing():
             windows = {s: clock.events[s - 1].elapsed_time(clock.events[s]) for s in clock.events if s - 1 in clock.events}
             usual = statistics.median(v for s, v in windows.items() if s % every)
             device_ms = {s: windows[s] - usual for s in windows if s % every == 0}  # the save's copies on the stream
-        buffers = list(trainer._checkpoint_writer._buffers.values())
+        buffers = list(trainer.checkpointer.writer._buffers.values())
         wrong = []
         for s, (weights, moments) in clock.seen.items():
             from safetensors.torch import load_file
 
-            from cadence.checkpoint.formats import safe_load
+            from cadence.checkpoint_io.formats import safe_load
 
             folder = os.path.join(OUT, f"save_{mode}", f"checkpoint-{s}")
             saved = load_file(os.path.join(folder, "model.safetensors"))

@@ -21,7 +21,7 @@ for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("M
 import torch  # noqa: E402
 import deepspeed  # noqa: E402
 
-from cadence.checkpoint.deepspeed_files import check_deepspeed_folder  # noqa: E402
+from cadence.checkpoint_io.deepspeed_files import check_deepspeed_folder  # noqa: E402
 
 
 def engine(stage, seed):

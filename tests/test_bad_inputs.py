@@ -28,7 +28,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from cadence import Trainer, TrainerCallback
-from cadence.checkpoint.formats import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.checkpoint_io.formats import CorruptCheckpointError, UnsafeCheckpointError
 from cadence.checkpoint.manifest import write_manifest
 from cadence.output_guard import LOCK_NAME
 

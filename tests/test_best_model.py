@@ -119,7 +119,7 @@ def test_missing_metric_for_best_model_names_the_existing_keys(out_dir):
 
 
 def test_load_model_weights_refuses_a_mismatch(tmp_path):
-    from cadence.checkpoint.formats import load_model_weights, save_model_weights
+    from cadence.checkpoint_io.formats import load_model_weights, save_model_weights
 
     save_model_weights(RegressionModel(a=1.0), tmp_path)
     model = RegressionModel()
@@ -140,7 +140,7 @@ class _Lin(torch.nn.Module):
 def test_tied_weights_load_from_a_save_pretrained_checkpoint(tmp_path):
     from tiny import tiny_gpt2
 
-    from cadence.checkpoint.formats import load_model_weights, save_model_weights
+    from cadence.checkpoint_io.formats import load_model_weights, save_model_weights
 
     source, target = tiny_gpt2(seed=1), tiny_gpt2(seed=2)
     save_model_weights(source, tmp_path)  # save_pretrained stores the tied lm_head once

@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_resume import train
 
-from cadence.checkpoint.formats import (LOOP_STATE_NAME, CorruptCheckpointError, UnsafeCheckpointError,
+from cadence.checkpoint_io.formats import (LOOP_STATE_NAME, CorruptCheckpointError, UnsafeCheckpointError,
                                         load_model_weights, save_safetensors_sharded)
 from cadence.checkpoint.manifest import MANIFEST_NAME, verify_checkpoint
 

@@ -9,7 +9,7 @@ import pytest
 from test_checkpoint_write_errors import Unwritable
 from test_resume import train
 
-from cadence.checkpoint.formats import LOOP_STATE_NAME, CorruptCheckpointError
+from cadence.checkpoint_io.formats import LOOP_STATE_NAME, CorruptCheckpointError
 from cadence.checkpoint.manifest import MANIFEST_NAME
 
 

@@ -13,7 +13,7 @@ import pytest
 from test_resume import assert_same_run, train
 
 from cadence import TrainerCallback
-from cadence.checkpoint.formats import LOOP_STATE_NAME, CorruptCheckpointError
+from cadence.checkpoint_io.formats import LOOP_STATE_NAME, CorruptCheckpointError
 from cadence.checkpoint.manifest import MANIFEST_NAME, read_trainer_state, verify_checkpoint, write_manifest
 
 

@@ -15,7 +15,7 @@ import torch
 from test_resume import assert_same_run, train
 
 from cadence import TrainerCallback, get_last_checkpoint
-from cadence.trainer_utils import sorted_checkpoints
+from cadence.checkpoint_io.folders import sorted_checkpoints
 
 HERE = os.path.dirname(__file__)
 CHECKPOINT = re.compile(r"checkpoint-\d+")

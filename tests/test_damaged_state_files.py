@@ -18,7 +18,7 @@ import torch
 from test_resume import assert_same_run, train
 
 from cadence import TrainingArguments
-from cadence.checkpoint.formats import (LOOP_STATE_NAME, TRAINING_ARGS_NAME, CorruptCheckpointError,
+from cadence.checkpoint_io.formats import (LOOP_STATE_NAME, TRAINING_ARGS_NAME, CorruptCheckpointError,
                                         load_training_args)
 from cadence.checkpoint.manifest import MANIFEST_NAME
 

@@ -18,8 +18,9 @@ import torch
 from test_fsdp import FSDP, run
 from test_safe_load import Evil
 
-from cadence.checkpoint import formats, manifest, sharded
-from cadence.checkpoint.formats import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.checkpoint import manifest
+from cadence.checkpoint_io import formats, sharded
+from cadence.checkpoint_io.formats import CorruptCheckpointError, UnsafeCheckpointError
 
 
 def plant_metadata(folder, marker):

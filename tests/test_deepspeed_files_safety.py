@@ -17,10 +17,10 @@ import torch
 import dist_exit
 from cadence import TrainingArguments
 from cadence.backend import Backend
-from cadence.checkpoint.formats import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.checkpoint_io.formats import CorruptCheckpointError, UnsafeCheckpointError
 
 pytest.importorskip("deepspeed")
-from cadence.checkpoint.deepspeed_files import check_deepspeed_folder  # noqa: E402
+from cadence.checkpoint_io.deepspeed_files import check_deepspeed_folder  # noqa: E402
 
 
 class Payload:

@@ -1,6 +1,6 @@
 """Every place cadence reads a file, listed with how it is protected: a new ``torch.load(``, ``pickle.load(``,
 ``json.load(``, ``open(`` for reading, ``read_text``/``read_bytes``, ``load_file``/``safe_open``, or engine loader
-anywhere in ``src/cadence`` fails this test until it goes through the guarded helpers (``checkpoint/formats.py``:
+anywhere in ``src/cadence`` fails this test until it goes through the guarded helpers (``checkpoint_io/formats.py``:
 ``safe_load``, ``checked_path``, ``checked_files``; the DeepSpeed and DCP checks) or is added to the table below with
 the reason it is safe. The table is the audit of what cadence opens from a checkpoint or a user-given folder.
 
@@ -16,29 +16,29 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "cadence"
 # (module, function, call) -> how it is protected
 AUDIT = {
     # --- checkpoint folders: unpickling
-    ("checkpoint/formats.py", "safe_load", "torch.load"):
+    ("checkpoint_io/formats.py", "safe_load", "torch.load"):
         "weights_only=True (numpy's array type only for rng_state); checked_path first (a regular file); TorchScript "
         "archives refused before torch.load (it would hand them to torch.jit.load)",
-    ("checkpoint/deepspeed_files.py", "check_deepspeed_folder", "torch.load"):
+    ("checkpoint_io/deepspeed_files.py", "check_deepspeed_folder", "torch.load"):
         "weights_only=True with DeepSpeed's four classes, mmap; every file under every tag folder (latest, "
         "latest_universal) through checked_files (regular files inside the checkpoint, links followed and confined)",
-    ("checkpoint/deepspeed_files.py", "check_deepspeed_folder", "open"):
+    ("checkpoint_io/deepspeed_files.py", "check_deepspeed_folder", "open"):
         "reads 4 bytes of a file checked_files passed (zip magic)",
-    ("checkpoint/sharded.py", "check_dcp_folder", "torch.load"): "weights_only=True on one blob's bytes",
-    ("checkpoint/sharded.py", "_safe_dcp_classes.SafePlanner.load_bytes", "torch.load"): "weights_only=True",
-    ("checkpoint/sharded.py", "read_dcp_metadata", "open"):
+    ("checkpoint_io/sharded.py", "check_dcp_folder", "torch.load"): "weights_only=True on one blob's bytes",
+    ("checkpoint_io/sharded.py", "_safe_dcp_classes.SafePlanner.load_bytes", "torch.load"): "weights_only=True",
+    ("checkpoint_io/sharded.py", "read_dcp_metadata", "open"):
         ".metadata through checked_path, unpickled by an Unpickler that knows only DCP's record classes",
-    ("checkpoint/sharded.py", "check_dcp_folder", "open"):
+    ("checkpoint_io/sharded.py", "check_dcp_folder", "open"):
         "a .distcp file read_dcp_metadata named (a plain file name of the folder) and passed through checked_path",
-    ("checkpoint/sharded.py", "load_dcp", "dcp.load"): "check_dcp_folder first; its reader loads with weights_only",
+    ("checkpoint_io/sharded.py", "load_dcp", "dcp.load"): "check_dcp_folder first; its reader loads with weights_only",
     ("backend/deepspeed_engine.py", "DeepSpeedEngine.load_model_weights", "load_checkpoint"):
         "DeepSpeed unpickles with weights_only=False: check_deepspeed_folder first, for any folder with a tag file",
     ("backend/deepspeed_engine.py", "DeepSpeedEngine.load_optimizer_state", "load_checkpoint"): "check_deepspeed_folder first",
     # --- checkpoint folders: weights and JSON
-    ("checkpoint/formats.py", "read_model_weights", "load_file"):
+    ("checkpoint_io/formats.py", "read_model_weights", "load_file"):
         "safetensors (no code); each file through checked_path (shards an index names included)",
-    ("checkpoint/formats.py", "_index_shards", "read_text"): "weights_files found it with is_file(); JSON only",
-    ("checkpoint/formats.py", "load_training_args", "read_text"):
+    ("checkpoint_io/formats.py", "_index_shards", "read_text"): "weights_files found it with is_file(); JSON only",
+    ("checkpoint_io/formats.py", "load_training_args", "read_text"):
         "training_args.json through checked_path; JSON only; any damage skipped with a warning",
     ("checkpoint/manifest.py", "_sha256", "open"):
         "a manifest entry through checked_path (and the whole checkpoint-N folder through checked_files) first",
@@ -47,13 +47,13 @@ AUDIT = {
     ("checkpoint/manifest.py", "_check_safetensors", "open"): "checked_path first; reads the header only",
     ("checkpoint/manifest.py", "_read_json_object", "read_text"):
         "checked_path; trainer_state.json / loop_state.json, JSON only, fields type-checked, RecursionError caught",
-    ("checkpoint/deepspeed_files.py", "tag_folders", "read_text"): "latest / latest_universal through checked_path",
+    ("checkpoint_io/deepspeed_files.py", "tag_folders", "read_text"): "latest / latest_universal through checked_path",
     ("peft_support.py", "load_adapter_weights", "load_file"):
         "safetensors (no code); is_file() first (a FIFO or device is 'missing'); a checkpoint-N folder's files all "
         "pass checked_files in verify_checkpoint before",
-    ("trainer_callback.py", "TrainerState.load_from_json", "open"):
+    ("trainer_state.py", "TrainerState.load_from_json", "open"):
         "JSON only; resume reaches it through read_trainer_state (checked_path, fields typed); else a path a user passes",
-    ("trainer_callback.py", "TrainerState.load_from_json", "json.load"): "as above",
+    ("trainer_state.py", "TrainerState.load_from_json", "json.load"): "as above",
     ("output_guard.py", "job_checkpoints", "read_text"): "loop_state.json through checked_path; JSON only",
     ("output_guard.py", "OutputDirLock._read_owner", "read_bytes"): "cadence's own lock file in output_dir; JSON only",
     # --- files a user names (configs), and the process's own files
@@ -136,7 +136,7 @@ def test_every_file_read_in_cadence_is_in_the_audit():
     new = sorted(set(found) - set(AUDIT))
     assert not new, (
         "new file reads in src/cadence, not in the audit: " + "; ".join(f"{m} {f}: {k}" for m, f, k in new)
-        + ". Read checkpoint files through checkpoint/formats.py's safe_load / checked_path / checked_files (or the "
+        + ". Read checkpoint files through checkpoint_io/formats.py's safe_load / checked_path / checked_files (or the "
         "DeepSpeed and DCP checks), then add the place to AUDIT with how it is protected")
     gone = sorted(set(AUDIT) - set(found))
     assert not gone, f"the audit lists reads that are no longer in the source (update AUDIT): {gone}"

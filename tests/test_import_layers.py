@@ -1,10 +1,13 @@
-"""The module graph of ``src/cadence``: no cycle, and no import from a lower floor up to a higher one.
+"""The import graph of ``src/cadence``: no cycle of modules, no cycle of packages, and no import from a lower floor
+up to a higher one (the floors are drawn in docs/architecture.md).
 
 Every ``import``/``from ... import`` anywhere in a module's source (top level, inside functions, under
 ``TYPE_CHECKING``) is an edge to the cadence module it names. A cycle, even one held together by an import
-deferred into a function, means a piece sits on the wrong floor (DESIGN.md, "Layers"). ``FLOORS`` states the
-floors, lowest first: a module imports modules of its own floor or below, never above (an import deferred into a
-function to keep ``import cadence`` fast is still an edge, and still only goes down).
+deferred into a function, means a piece sits on the wrong floor. ``FLOORS`` states the floors, lowest first, by
+package (``cadence.backend``, ``cadence.checkpoint``, ...; a module directly in ``cadence/`` is a package of its own
+here): a package imports packages of its own floor or below, never above, and no packages import each other in a
+circle (an import deferred into a function to keep ``import cadence`` fast is still an edge, and still only goes
+down). Inside a package, the module graph has no cycle either.
 """
 
 import ast
@@ -94,23 +97,18 @@ def test_the_checker_finds_a_cycle_made_of_a_deferred_import(tmp_path):
     assert cycles(import_graph(package)) == [["cadence.high", "cadence.low"]]
 
 
-# The floors of cadence, lowest first: (name, the modules on it). A module is on the floor of the longest entry
-# that names it or a package above it. A package's __init__ re-exports its modules for users (and Python runs it
-# before any of them); cadence's own modules import the module that owns a name, so the floors hold module by module:
-# data and checkpoints ask the backend's device and process facts, never its engines.
+# The floors of cadence, lowest first: (name, the packages on it). A package is ``cadence.<name>``: a folder with its
+# modules, or a module directly in cadence/ (the ``cadence`` entry is the package's own __init__). Every module of a
+# package sits on the package's floor: a package is wholly above or below every other.
 FLOORS = [
-    ("device and process facts", ["cadence.version", "cadence.versions", "cadence.peft_support", "cadence.backend.devices",
-                                  "cadence.backend.processes", "cadence.backend.slurm"]),
-    ("public helpers and file formats", ["cadence.trainer_utils", "cadence.search_types", "cadence.column_removal",
-                                         "cadence.memory_metrics", "cadence.checks",
-                                         "cadence.checkpoint", "cadence.checkpoint.formats",
-                                         "cadence.checkpoint.sharded", "cadence.checkpoint.deepspeed_files"]),
+    ("device and process facts", ["cadence.version", "cadence.versions", "cadence.peft_support", "cadence.runtime"]),
+    ("checkpoint files and public helpers", ["cadence.checkpoint_io", "cadence.trainer_state", "cadence.trainer_utils",
+                                             "cadence.search_types", "cadence.column_removal", "cadence.memory_metrics",
+                                             "cadence.checks"]),
     ("the loop's parts", ["cadence.callback_events", "cadence.progress", "cadence.trainer_callback", "cadence.data",
                           "cadence.optimization", "cadence.loss", "cadence.evaluation", "cadence.loop_state",
                           "cadence.output_guard"]),
-    ("checkpoints", ["cadence.checkpoint.rng", "cadence.checkpoint.manifest", "cadence.checkpoint.writer",
-                     "cadence.checkpoint.background", "cadence.checkpoint.resume", "cadence.checkpoint.save_load",
-                     "cadence.checkpoint.signals"]),
+    ("checkpoints", ["cadence.checkpoint"]),  # the Checkpointer, the atomic writer, the manifest, resume, signals
     ("engines", ["cadence.backend"]),  # precision, FSDP, meshes, DeepSpeed, the Backend and trainer.accelerator
     ("features", ["cadence.activation_checkpointing", "cadence.neftune", "cadence.overflow", "cadence.liger",
                   "cadence.hub", "cadence.model_card", "cadence.script_metrics", "cadence.hyperparameter_search",
@@ -125,36 +123,72 @@ FLOORS = [
 ]
 
 
-def floor_of(module: str, floors: list = FLOORS) -> int | None:
-    """The index of ``module``'s floor: the longest entry equal to it or to a package above it."""
-    best, length = None, -1
-    for index, (_, names) in enumerate(floors):
-        for name in names:
-            if (module == name or module.startswith(name + ".")) and len(name) > length:
-                best, length = index, len(name)
-    return best
+def package_of(module: str) -> str:
+    """``cadence.checkpoint.writer`` -> ``cadence.checkpoint``; ``cadence.trainer`` -> itself; ``cadence`` -> itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``{package: the other packages its modules import}``: the module graph with each package's modules merged."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        edges = packages.setdefault(package_of(module), set())
+        edges.update(package_of(t) for t in targets if package_of(t) != package_of(module))
+    return packages
+
+
+def floor_of(package: str, floors: list = FLOORS) -> int | None:
+    """The index of the floor that names ``package``, or None."""
+    return next((index for index, (_, names) in enumerate(floors) if package in names), None)
 
 
 def upward_imports(graph: dict[str, set[str]], floors: list = FLOORS) -> list[str]:
-    """Every edge from a module to one on a higher floor, as "low (floor) -> high (floor)"."""
-    found = []
-    for module in sorted(graph):
-        for target in sorted(graph[module]):
-            if floor_of(target, floors) > floor_of(module, floors):
-                found.append(f"{module} ({floors[floor_of(module, floors)][0]}) -> "
+    """Every edge of the package graph of ``graph`` from a package to one on a higher floor, as
+    "low (floor) -> high (floor)"."""
+    packages, found = package_graph(graph), []
+    for package in sorted(packages):
+        for target in sorted(packages[package]):
+            if floor_of(target, floors) > floor_of(package, floors):
+                found.append(f"{package} ({floors[floor_of(package, floors)][0]}) -> "
                              f"{target} ({floors[floor_of(target, floors)][0]})")
     return found
 
 
 def test_every_module_is_on_a_floor():
-    unplaced = sorted(m for m in import_graph() if floor_of(m) is None)
+    unplaced = sorted(m for m in import_graph() if floor_of(package_of(m)) is None)
     assert unplaced == []
 
 
-def test_no_import_runs_from_a_lower_floor_up():
+def test_no_package_imports_a_package_above_it():
     graph = import_graph()
-    assert "cadence.backend.devices" in graph and "cadence.optimization.schedules" in graph  # the packages were read
+    assert "cadence.runtime.devices" in graph and "cadence.optimization.schedules" in graph  # the packages were read
+    assert "cadence.checkpoint_io" in package_graph(graph)["cadence.backend"]  # and their edges
     assert upward_imports(graph) == []
+
+
+def test_no_circle_of_packages_counting_deferred_imports():
+    """Two packages never import each other, directly or around a circle: each sits wholly above or below the other
+    (``from ..pkg import X`` is never an upward import)."""
+    packages = package_graph(import_graph())
+    assert len(packages) > 30 and {"cadence.backend", "cadence.checkpoint", "cadence.checkpoint_io"} <= set(packages)
+    found = cycles(packages)
+    assert found == [], {tuple(c): {p: sorted(packages[p] & set(c)) for p in c} for c in found}
+
+
+def test_the_package_check_finds_a_circle_of_packages(tmp_path):
+    """The test above cannot pass by seeing nothing: two packages with no module cycle, whose modules import each
+    other's package (one of the imports deferred into a function), are a circle of packages."""
+    package = tmp_path / "cadence"
+    for name in ("engine", "files"):
+        (package / name).mkdir(parents=True)
+        (package / name / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "engine" / "strategy.py").write_text("from ..files import formats\n")
+    (package / "files" / "formats.py").write_text("def f():\n    return 1\n")
+    (package / "files" / "writer.py").write_text("def g():\n    from ..engine import strategy  # deferred\n    return strategy\n")
+    graph = import_graph(package)
+    assert cycles(graph) == []  # module by module there is no cycle
+    assert cycles(package_graph(graph)) == [["cadence.engine", "cadence.files"]]
 
 
 def test_the_floor_check_finds_an_import_up(tmp_path):
@@ -166,20 +200,21 @@ def test_the_floor_check_finds_an_import_up(tmp_path):
     (package / "engine" / "devices.py").write_text("def f():\n    return 1\n")
     (package / "helpers.py").write_text("def g():\n    from .engine.devices import f  # down: fine\n    return f\n")
     (package / "loop.py").write_text("from . import helpers\n")
-    floors = [("low", ["cadence.engine.devices", "cadence.helpers"]),
-              ("high", ["cadence", "cadence.engine", "cadence.loop"])]
+    floors = [("low", ["cadence.engine", "cadence.helpers"]),
+              ("high", ["cadence", "cadence.loop"])]
     assert upward_imports(import_graph(package), floors) == []
     (package / "helpers.py").write_text("def g():\n    from .loop import helpers  # up, deferred\n    return helpers\n")
     assert upward_imports(import_graph(package), floors) == ["cadence.helpers (low) -> cadence.loop (high)"]
-    (package / "helpers.py").write_text("from .engine import f  # the package's __init__: the engines' floor\n")
-    assert upward_imports(import_graph(package), floors) == ["cadence.helpers (low) -> cadence.engine (high)"]
+    (package / "engine" / "devices.py").write_text("def f():\n    from ..loop import helpers  # a package's module, up\n")
+    (package / "helpers.py").write_text("def g():\n    return 1\n")
+    assert upward_imports(import_graph(package), floors) == ["cadence.engine (low) -> cadence.loop (high)"]
 
 
 def test_importing_a_low_floor_never_pulls_in_the_trainer():
     """What the low floors reach, transitively, never includes the Trainer or the checkpoint's save/load."""
     graph = import_graph()
     for module in ["cadence.trainer_utils", "cadence.backend", "cadence.data", "cadence.optimization",
-                   "cadence.checkpoint.formats", "cadence.checkpoint"]:
+                   "cadence.checkpoint_io.formats", "cadence.checkpoint"]:
         reached, todo = set(), [module]
         while todo:  # everything the module reaches, transitively
             for nxt in graph[todo.pop()]:
@@ -207,8 +242,8 @@ def test_every_module_imports_on_its_own():
     import sys
 
     names = sorted(n for n in import_graph() if n.startswith(("cadence.checkpoint", "cadence.backend", "cadence.data",
-                                                              "cadence.optimization")) or n in (
-        "cadence.trainer_utils", "cadence.loop_state", "cadence.output_guard",
+                                                              "cadence.optimization", "cadence.runtime")) or n in (
+        "cadence.trainer_utils", "cadence.trainer_state", "cadence.loop_state", "cadence.output_guard",
         "cadence.integrations.base", "cadence.integrations.registry", "cadence.model_card"))
     # one interpreter; before each module, every cadence module is forgotten, so each is the first one imported
     code = ("import importlib, sys\nfor n in sys.argv[1:]:\n"

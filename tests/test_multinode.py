@@ -17,7 +17,7 @@ import pytest
 import torch
 from dist_exit import assert_finished
 
-from cadence.backend.slurm import expand_nodelist, slurm_variables
+from cadence.runtime.slurm import expand_nodelist, slurm_variables
 
 WORKER = os.path.join(dist_exit.HERE, "ddp_resume_worker.py")
 
@@ -109,7 +109,7 @@ def test_processes_name_their_attempt_alike_over_a_store_holding_earlier_attempt
     import threading
     from datetime import timedelta
 
-    from cadence.backend.processes import _agreed_attempt
+    from cadence.runtime.processes import _agreed_attempt
 
     master = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     master.add("cadence/starts/0", 2)

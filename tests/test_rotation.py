@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cadence.checkpoint.writer import rotate_checkpoints
+from cadence.checkpoint_io.folders import rotate_checkpoints
 
 STEPS = [2, 4, 6, 8, 10]
 
@@ -39,7 +39,7 @@ def test_rotation_table(tmp_path, limit, best):
     out = str(tmp_path)
     make(out)
     best_path = os.path.join(out, f"checkpoint-{best}") if best else None
-    rotate_checkpoints(out, limit, best_path, os.path.join(out, "checkpoint-10"))
+    rotate_checkpoints(out, limit, best_path, just_written=os.path.join(out, "checkpoint-10"))
     assert left(out) == expected(limit, best)
     if best:
         assert best in left(out)
@@ -52,7 +52,7 @@ def test_rotation_equals_transformers(tmp_path, limit, best):
     ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
     make(ours), make(theirs)
     rotate_checkpoints(ours, limit, os.path.join(ours, f"checkpoint-{best}") if best else None,
-                       os.path.join(ours, "checkpoint-10"))
+                       just_written=os.path.join(ours, "checkpoint-10"))
     transformers.trainer_utils.rotate_checkpoints(theirs, limit, os.path.join(theirs, f"checkpoint-{best}") if best else None)
     assert left(ours) == left(theirs)
 
@@ -61,7 +61,7 @@ def test_the_checkpoint_just_written_survives_even_when_not_the_newest(tmp_path)
     """Resumed from checkpoint-4 while a stale checkpoint-10 lingers: the new checkpoint-6 stays."""
     out = str(tmp_path)
     make(out, [4, 6, 10])
-    rotate_checkpoints(out, 1, None, os.path.join(out, "checkpoint-6"))
+    rotate_checkpoints(out, 1, None, just_written=os.path.join(out, "checkpoint-6"))
     assert left(out) == [6]
 
 
@@ -73,7 +73,7 @@ def test_only_complete_checkpoint_folders_of_this_dir_are_touched(tmp_path):
         os.makedirs(os.path.join(out, name))
     os.makedirs(os.path.join(out, "checkpoint-1"))  # incomplete (no trainer_state.json): not a checkpoint
     open(os.path.join(out, "checkpoint-0"), "w").close()  # a file, not a folder
-    rotate_checkpoints(out, 1, None, os.path.join(out, "checkpoint-10"))
+    rotate_checkpoints(out, 1, None, just_written=os.path.join(out, "checkpoint-10"))
     assert left(out) == [0, 1, 10]
     assert all(os.path.exists(os.path.join(out, n)) for n in others)
 
@@ -106,21 +106,21 @@ def test_a_rotation_killed_mid_delete_leaves_no_partial_checkpoint(tmp_path, mon
     """The folder is renamed before it is deleted: a kill inside rmtree (simulated by an exception
     there, after some files are gone) leaves deleting-checkpoint-N, never a half-deleted checkpoint-N,
     and the next run's start-up clean-up removes it."""
-    from cadence import trainer_utils
     from cadence.checkpoint import writer
+    from cadence.checkpoint_io import folders
 
     out = str(tmp_path)
     make(out)
-    real_rmtree = trainer_utils.shutil.rmtree
+    real_rmtree = folders.shutil.rmtree
 
     def killed_half_way(path, ignore_errors=False):
         os.remove(os.path.join(path, "trainer_state.json"))  # part of the folder is already gone
         raise KeyboardInterrupt  # stands for the SIGKILL
 
-    monkeypatch.setattr(trainer_utils.shutil, "rmtree", killed_half_way)
+    monkeypatch.setattr(folders.shutil, "rmtree", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
-        rotate_checkpoints(out, 2, None, os.path.join(out, "checkpoint-10"))
-    monkeypatch.setattr(trainer_utils.shutil, "rmtree", real_rmtree)
+        rotate_checkpoints(out, 2, None, just_written=os.path.join(out, "checkpoint-10"))
+    monkeypatch.setattr(folders.shutil, "rmtree", real_rmtree)
     assert left(out) == [4, 6, 8, 10]  # checkpoint-2 is gone as a checkpoint, whole
     assert all(os.path.exists(os.path.join(out, f"checkpoint-{s}", "trainer_state.json")) for s in left(out))
     assert os.path.isdir(os.path.join(out, "deleting-checkpoint-2"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_resume import train
 
-from cadence.checkpoint.formats import UnsafeCheckpointError, safe_load
+from cadence.checkpoint_io.formats import UnsafeCheckpointError, safe_load
 
 MARKER = "pwned.txt"
 

@@ -19,8 +19,9 @@ from test_resume import assert_same_run, train
 from test_safe_load import Evil
 
 import cadence
-from cadence.checkpoint import formats, manifest
-from cadence.checkpoint.formats import CorruptCheckpointError, UnsafeCheckpointError
+from cadence.checkpoint import manifest
+from cadence.checkpoint_io import formats
+from cadence.checkpoint_io.formats import CorruptCheckpointError, UnsafeCheckpointError
 
 transformers = pytest.importorskip("transformers")
 

@@ -74,7 +74,7 @@ def environment_report() -> str:
     """The report ``cadence env`` prints: one ``- name: value`` line each, ready to paste into an issue."""
     import torch
 
-    from .backend.devices import describe_devices
+    from .runtime.devices import describe_devices
 
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
     lines = [

@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import formats
+from .checkpoint_io import formats
 from .trainer_callback import TrainerCallback
 from .trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 

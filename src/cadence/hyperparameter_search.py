@@ -86,7 +86,7 @@ def report(trainer, metrics: dict[str, float]) -> None:
 
 def record_trial(trainer, trial: Any) -> None:
     """Mark ``trainer.state`` as a trial's: its sampled values and its folder's name (``trainer_state.json``)."""
-    from .trainer_callback import _trial_params
+    from .trainer_state import _trial_params
 
     state = trainer.state
     state.is_hyper_param_search = True

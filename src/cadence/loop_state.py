@@ -102,6 +102,21 @@ def data_identity(dataset: Any) -> dict[str, Any]:
             "fingerprint": getattr(dataset, "_fingerprint", None), "sample": data.content_sample(dataset)}
 
 
+def data_states(loop: Any, dataloader: Any) -> dict[str, Any]:
+    """What a checkpoint keeps of the data beside ``loop_state.json``: ``stream``, an iterable dataset's position
+    (before the batch collated ahead, when one is pending; None when the dataset cannot say), and
+    ``look_ahead_rng``, the RNG states that pending batch was drawn from (a resume draws it again from them).
+
+    Args:
+        loop: the running ``LoopState``, or None outside ``train()``.
+        dataloader: the training dataloader (its dataset's own state when nothing is pending).
+    """
+    pending = getattr(getattr(loop, "batches", None), "before_pending", None) or {}
+    return {"stream": data.SavedState(pending["stream"]) if pending.get("stream") is not None else
+            data.stateful_stream(dataloader),
+            "look_ahead_rng": pending.get("rng")}
+
+
 class LoopState:
     """Every per-run value of the training loop; its ``state_dict`` is ``loop_state.json``.
 

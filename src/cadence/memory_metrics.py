@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .backend import devices as backend  # the device verbs (backend/devices.py), read on each call
+from .runtime import devices as backend  # the device verbs (runtime/devices.py), read on each call
 
 logger = logging.getLogger(__name__)
 

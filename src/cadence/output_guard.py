@@ -42,8 +42,8 @@ import threading
 import time
 from pathlib import Path
 
-from .checkpoint.formats import LOOP_STATE_NAME, UnsafeCheckpointError, checked_path  # holds the job identity
-from .trainer_utils import CHECKPOINT_DIR_RE, sorted_checkpoints
+from .checkpoint_io.formats import LOOP_STATE_NAME, UnsafeCheckpointError, checked_path  # holds the job identity
+from .checkpoint_io.folders import CHECKPOINT_DIR_RE, sorted_checkpoints
 
 try:
     import fcntl

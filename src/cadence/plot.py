@@ -35,7 +35,7 @@ def load_history(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     Raises:
         FileNotFoundError: none of those files is there.
     """
-    from .checkpoint.formats import TRAINER_STATE_NAME
+    from .checkpoint_io.formats import TRAINER_STATE_NAME
     from .integrations.jsonl import LOG_HISTORY_NAME, read_log_history
     from .trainer_utils import get_last_checkpoint
 
@@ -64,7 +64,7 @@ def load_history(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
 def _state_history(path: Path) -> list[dict[str, Any]]:
     """The ``log_history`` of a ``trainer_state.json``: rows that are not objects with an integer step are skipped
     (with a warning); a file that holds no list of rows is a ValueError naming it."""
-    from .trainer_callback import TrainerState
+    from .trainer_state import TrainerState
 
     try:
         history = TrainerState.load_from_json(str(path)).log_history

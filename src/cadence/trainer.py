@@ -3,8 +3,8 @@
 The class reads top to bottom in the order of the flow: construction, data, optimizer; ``train`` ->
 ``_inner_training_loop`` (epoch -> optimizer step -> micro-batch) and its helpers in the order it calls
 them -> ``training_step`` -> ``compute_loss``; then ``evaluate`` / ``predict`` -> ``evaluation_loop`` ->
-``prediction_step``; saving and loading (``checkpoint.save_load``), the Hub, hyperparameter search,
-logging; last, transformers' remaining public helpers. Callbacks decide when to log, evaluate and save
+``prediction_step``; saving and loading (each a call to the ``Checkpointer``, ``checkpoint/manager.py``), the Hub,
+hyperparameter search, logging; last, transformers' remaining public helpers. Callbacks decide when to log, evaluate and save
 (``DefaultFlowCallback``); the Trainer acts on their requests. Every per-run value lives in one
 ``LoopState`` (``loop_state.py``), which is also what a checkpoint's ``loop_state.json`` holds.
 """
@@ -12,14 +12,11 @@ logging; last, transformers' remaining public helpers. Callbacks decide when to 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import inspect
-import json
 import logging
 import math
 import os
-import sys
 import time
 import warnings
 from collections.abc import Mapping
@@ -32,14 +29,14 @@ from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support, script_metrics
-from .backend import AcceleratorView, Backend, accelerator_kwargs, any_process, every_process
-from .checkpoint import background, formats, manifest, save_load, signals, writer
-# transformers' module constants (scripts import the checkpoint file names from transformers.trainer)
-from .checkpoint.formats import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME  # noqa: F401
-from .checkpoint.rng import capture_rng_state, restore_rng_state
-from .checkpoint.resume import ResumePoint, agreed_checkpoint, find_resume_folder, load_optimizer_and_scheduler, restore_callback_states
+from .backend import AcceleratorView, Backend, accelerator_kwargs, skip_first_batches
+# checkpoints only through the Checkpointer; transformers' module constants (scripts import the checkpoint file names
+# from transformers.trainer) come with it
+from .checkpoint.manager import (OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME,  # noqa: F401
+                                 TRAINING_ARGS_NAME, Checkpointer, ResumePoint)
+from .checkpoint.signals import JITCheckpointCallback
 from .integrations import base as trackers, registry as integrations
-from .loop_state import BatchLayout, LoopState, data_identity, step_counts, transformers_step_counts
+from .loop_state import BatchLayout, LoopState, data_identity, data_states, step_counts, transformers_step_counts
 from .memory_metrics import TrainerMemoryTracker
 from .trainer_callback import (
     CallbackHandler,
@@ -51,7 +48,7 @@ from .trainer_callback import (
     TrainerState,
 )
 from .trainer_utils import (
-    PREFIX_CHECKPOINT_DIR,
+    PREFIX_CHECKPOINT_DIR,  # noqa: F401 - transformers.trainer has it
     EvalLoopOutput,
     _is_out_of_memory,
     PredictionOutput,
@@ -95,12 +92,6 @@ def _summary(method: Callable) -> str:
     return " ".join(inspect.getdoc(method).split("\n\n")[0].split())
 
 
-def _state_at_save(state: TrainerState) -> TrainerState:
-    """A copy of ``state`` for an ``on_save`` that fires steps after its save (``async_save``): its step, epoch and
-    best checkpoint as saved; its log history as it was then (the rows themselves are shared, never changed)."""
-    saved = copy.copy(state)
-    saved.log_history = list(state.log_history)
-    return saved
 
 
 class Trainer:
@@ -195,16 +186,16 @@ class Trainer:
         self._loop: LoopState | None = None  # the latest train() call's loop state (log() reads its token count)
         self._created_lr_scheduler = False  # create_scheduler built it: the next train() builds a fresh one
         self._eval_dataloaders: dict = {}  # (dataset id, batch size) -> (dataset, loader), with persistent workers
-        self._checkpoint_writer = background.BackgroundWriter()  # async_save: its snapshot buffers, its save in flight
-        # a background save whose on_save has not fired (every process): its folder and the state as it was saved
-        self._unannounced_save: tuple[Path, TrainerState] | None = None
+        # every save and resume goes through it: the background writer and the save in flight, output_dir's lock, the
+        # objects a checkpoint holds (this Trainer's, read at each save; a subclass's _save writes the model files)
+        self.checkpointer = Checkpointer(self, None if type(self)._save is Trainer._save else self._save, data_states)
 
         report_to = integrations.get_reporting_integration_callbacks(args.report_to)  # missing package: ValueError here
         self.callback_handler = CallbackHandler([*DEFAULT_CALLBACKS, *report_to, *(callbacks or [])], self.model,
                                                 processing_class, self.optimizer, self.lr_scheduler)
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         if args.enable_jit_checkpoint:  # last (transformers: before the user's): a signal sent in any callback's
-            jit_callback = signals.JITCheckpointCallback()  # on_step_end is served at this step's end
+            jit_callback = JITCheckpointCallback()  # on_step_end is served at this step's end
             jit_callback.set_trainer(self)
             self.add_callback(jit_callback)
         trackers.check_args(args, self.callback_handler.callbacks)  # an unwritable logging_dir: refused now
@@ -370,8 +361,6 @@ class Trainer:
             ...         dataloader.dataset.seek(num_batches * self.args.train_batch_size)
             ...         return dataloader
         """
-        from accelerate import skip_first_batches  # on use: accelerate's data module is not needed otherwise
-
         return skip_first_batches(dataloader, num_batches)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
@@ -492,90 +481,22 @@ class Trainer:
         """
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
-        self._collect_save(wait=True, reason="train() starts")  # a resume reads complete checkpoints only
-        lock = output_guard.OutputDirLock(self.args.output_dir)
+        self.checkpointer.poll(wait=True, reason="train() starts")  # a resume reads complete checkpoints only
         failed = True
         try:
-            resume_from_checkpoint = self._claim_output_dir(lock, resume_from_checkpoint)
+            resume_from_checkpoint = self.checkpointer.claim_output_dir(resume_from_checkpoint)
             self._memory_tracker.start("train")  # a refused run measures nothing (stop() without start is a no-op)
             output = self._train_holding_lock(resume_from_checkpoint, trial, ignore_keys_for_eval)
             failed = False
             return output
         finally:
             if failed:  # the lock goes only once the save in flight is written (its error is logged: one is raising)
-                self._abandon_save()
-            lock.release(remove_created_dir=failed)  # a failed run leaves no empty output_dir behind
+                self.checkpointer.abandon()
+            self.checkpointer.release_output_dir(failed)  # a failed run leaves no empty output_dir behind
             self._memory_tracker.stop("train")  # after a failure: later evaluations are measured again
 
-    def _claim_output_dir(self, lock: output_guard.OutputDirLock, resume_from_checkpoint: str | bool | None) -> str | bool | None:
-        """Lock ``output_dir`` for this run (main process; see ``output_guard``). A job torchrun restarted
-        continues its own newest intact checkpoint when none is given; a new run notes (warns, keeps away from
-        rotation) an earlier run's checkpoints there, or with ``overwrite_output_dir=True`` deletes them.
-
-        Returns:
-            The ``resume_from_checkpoint`` to use.
-        """
-        args = self.args
-        main = args.process_index == 0  # one owner, also with save_on_each_node on a shared disk
-        refused = None
-        if main:
-            try:
-                lock.acquire()
-            except ValueError as error:
-                refused = error
-        refused = every_process(refused)[0]  # the main process's answer on every process: none waits for a refused one
-        if refused is not None:
-            raise refused
-        # one answer for the job: each node's torchrun agent counts its own restarts, and one that restarts its
-        # healthy worker because another node's failed counts none (a membership change): any process's yes counts
-        if resume_from_checkpoint is None and any_process(output_guard.restarted_by_torchrun(), args.device):
-            resume_from_checkpoint = self._restarted_job_checkpoint()  # (False: told not to resume)
-        if resume_from_checkpoint in (None, False):
-            output_guard.note_earlier_run(lock, args.overwrite_output_dir, main=main)
-        self.backend.barrier()
-        return resume_from_checkpoint
-
-    def _restarted_job_checkpoint(self) -> str | None:
-        """torchrun restarted this job: its newest intact checkpoint in ``output_dir`` that every process holds (the
-        main process decides among them, every process gets its answer: ``agreed_checkpoint``), or None when it
-        wrote none yet. Logged."""
-        args, job = self.args, output_guard.job_identity()  # the main process's: it wrote the checkpoints' loop state
-        if args.process_index == 0 and job is not None and os.path.isdir(args.output_dir):
-            writer.remove_incomplete(args.output_dir)  # a save the restart interrupted: never chosen
-        self.backend.barrier()
-
-        def newest_own(among: set[str] | None) -> str | None:
-            if job is None:
-                return None
-            for path in output_guard.job_checkpoints(args.output_dir, job):
-                if among is not None and path.name not in among:
-                    logger.warning("%s is not on the disk of every process of the job; trying this job's older "
-                                   "checkpoint", path)
-                    continue
-                try:
-                    manifest.verify_checkpoint(path)
-                except formats.CorruptCheckpointError as e:
-                    logger.warning("%s; trying this job's older checkpoint", e)
-                    continue
-                return str(path)
-            return None
-
-        folder = agreed_checkpoint(newest_own, args.output_dir)
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        if folder is not None:
-            logger.warning("torchrun (or SLURM) restarted this job (restart %s here): resuming from its newest intact "
-                           "checkpoint %s", restart, folder)
-        else:
-            logger.warning("torchrun (or SLURM) restarted this job (restart %s here): no intact checkpoint of this job "
-                           "that every process holds in output_dir=%r, training from the start", restart,
-                           args.output_dir)
-        return folder
-
     def _train_holding_lock(self, resume_from_checkpoint, trial, ignore_keys_for_eval) -> TrainOutput:
-        if resume_from_checkpoint in (None, False):
-            resume_from_checkpoint = None
-        else:  # killed saves are cleaned up, never chosen
-            resume_from_checkpoint = find_resume_folder(resume_from_checkpoint, self.args, self.backend.barrier)
+        resume_from_checkpoint = self.checkpointer.resume_folder(resume_from_checkpoint)  # None: a fresh start
         self._trial = trial  # a hyperparameter-search trial (HF's attribute): each evaluation reports to it
         if self.model_init is not None:
             set_seed(self.args.seed)
@@ -660,7 +581,7 @@ class Trainer:
                                                    self.compute_loss_func, self.model)
         resume = None
         if resume_from_checkpoint is not None:
-            resume = save_load.load(resume_from_checkpoint, self._checkpoint_objects(model, loop), self.backend, args)
+            resume = self.checkpointer.load(resume_from_checkpoint, model, loop)
             if type(self)._load_optimizer_and_scheduler is not Trainer._load_optimizer_and_scheduler:
                 self._load_optimizer_and_scheduler(resume_from_checkpoint)  # a subclass's own state (TRL's GRPO)
             self._load_callback_state()
@@ -681,7 +602,7 @@ class Trainer:
         first_epoch = 0 if resume is None else resume.epoch
         ga = layout.gradient_accumulation_steps
         for epoch in range(first_epoch, num_train_epochs):  # ---- epoch
-            self._collect_save(wait=False)  # an epoch-end save already written: on_save before on_epoch_begin (HF)
+            self.checkpointer.poll(wait=False)  # an epoch-end save already written: on_save before on_epoch_begin (HF)
             batches = self._begin_epoch(train_dataloader, epoch, resume if epoch == first_epoch else None, loop)
             while True:  # ---- optimizer step: the next `ga` batches
                 window = [b for _, b in zip(range(ga), batches)]
@@ -713,7 +634,7 @@ class Trainer:
             # transformers fires a save's on_save before on_epoch_end: a background save of this epoch's last step
             # that is already written fires now; at the last epoch it is waited for (train() waits for it anyway)
             last = epoch == num_train_epochs - 1 or self.control.should_training_stop
-            self._collect_save(wait=last, reason="the last epoch ends")
+            self.checkpointer.poll(wait=last, reason="the last epoch ends")
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             loop.epoch, loop.batches_in_epoch = epoch + 1, 0
             if override_logs:
@@ -760,9 +681,9 @@ class Trainer:
         # the RNGs each pending batch was drawn from, kept only where a checkpoint may be written and the main process
         # collates (a resume then draws it again from them)
         keep = (self.args.save_strategy != "no" or self.args.enable_jit_checkpoint) and not self.args.dataloader_num_workers
-        capture = functools.partial(capture_rng_state, self.args.world_size) if keep else None
+        capture = self.checkpointer.capture_rng if keep else None
         loop.batches = data.epoch_batches(train_dataloader, epoch, begin_epoch, self.args.train_batch_size, resume,
-                                          own_skip, capture, restore_rng_state)
+                                          own_skip, capture, self.checkpointer.restore_rng)
         return loop.batches
 
     def _forward_backward(self, model: nn.Module, window: list, loop: LoopState) -> None:
@@ -844,7 +765,7 @@ class Trainer:
             learning_rate: the learning rate the last step used.
         """
         loop = self._loop
-        self._collect_save(wait=False)  # a background save written since: on_save now (its error: raised now)
+        self.checkpointer.poll(wait=False)  # a background save written since: on_save now (its error: raised now)
         if self.control.should_log or self.control.should_save:
             loop.store_counts(self.state)
         if self.control.should_log and self.state.global_step > loop.last_logged_step:
@@ -861,9 +782,9 @@ class Trainer:
                 self.control.should_save = is_new_best
         if self.control.should_save:
             self._save_checkpoint(model, trial)  # transformers' call: TRL overrides it as (model, trial)
-            if self._unannounced_save is None:  # written: on_save now
+            if not self.checkpointer.in_flight:  # written: on_save now
                 self.control = self.callback_handler.on_save(self.args, self.state, self.control)
-            else:  # on_save fires once the folder is complete (_collect_save); the request is served as at once
+            else:  # on_save fires once the folder is complete (Checkpointer.poll); the request is served as at once
                 self.control.should_save = False
 
     def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False) -> dict[str, float]:
@@ -914,11 +835,11 @@ class Trainer:
         return True
 
     def _finish_training(self, loop: LoopState) -> TrainOutput:
-        self._collect_save(wait=True, reason="train() returns")  # every checkpoint complete, its on_save fired
+        self.checkpointer.poll(wait=True, reason="train() returns")  # every checkpoint complete, its on_save fired
         train_loss, metrics = loop.final_metrics(self.state, self.get_total_train_batch_size(self.args),
                                                  self.args.include_num_input_tokens_seen != "no", self.args.world_size)
         self._memory_tracker.stop_and_update_metrics("train", metrics)
-        jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, signals.JITCheckpointCallback)), None)
+        jit = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)), None)
         self.state.interrupted = bool(jit and jit.requested) and self.state.global_step < self.state.max_steps
         if self.state.interrupted:
             metrics["interrupted"] = True
@@ -932,7 +853,7 @@ class Trainer:
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
         if not self.state.interrupted:  # an interrupted run keeps its newest checkpoint: it resumes from there
-            save_load.finish_rotation(self.args, self.state.best_model_checkpoint)  # save_total_limit=1: the best only
+            self.checkpointer.finish()  # save_total_limit=1: the best only
         # the model stays in the mode its last step or evaluation left it in (training mode after a step), as in
         # transformers
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
@@ -1248,7 +1169,7 @@ class Trainer:
     # ------------------------------------------------------------------ saving and loading
 
     def _save_checkpoint(self, model: nn.Module, trial: Any = None, loop_state: LoopState | None = None) -> Path:
-        """Write ``checkpoint-{global_step}`` atomically, then rotate (``save_load.save``; every process calls it).
+        """Write ``checkpoint-{global_step}`` atomically, then rotate (``Checkpointer.save``; every process calls it).
 
         Args:
             model: the model being trained (its unwrapped module is what is saved).
@@ -1259,90 +1180,12 @@ class Trainer:
         """
         if loop_state is None and self.is_in_train:
             loop_state = self._loop
-        self._collect_save(wait=True, reason="the next checkpoint", stall=True)  # one in flight; the best exists below
-        args = self.args
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        best_step = self.state.best_global_step
-        if best_step and args.save_strategy in ("steps", "epoch", "best"):
-            best = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}"
-            if best_step == self.state.global_step or best.exists():  # set before trainer_state.json is written
-                self.state.best_model_checkpoint = str(best)
-        in_background = args.async_save and self.backend.saves_in_background
-        saver = self._checkpoint_writer if in_background else None
-        with optimization.eval_weights(self.optimizer, restore=self.is_in_train):  # schedule-free: averaged weights
-            folder = save_load.save(folder, self._checkpoint_objects(model, loop_state), self.backend, args, saver)
-        # on_save, when it fires later, sees the state of this step (callbacks find checkpoint-{global_step} by it)
-        self._unannounced_save = (folder, _state_at_save(self.state)) if in_background else None
-        return folder
-
-    def _collect_save(self, wait: bool, reason: str = "", stall: bool = False) -> bool:
-        """Finish the background save whose ``on_save`` has not fired: once its folder is complete (at once when
-        ``wait``, else only if it already is: a cheap check at each step boundary), raise its error in this
-        thread or fire ``on_save``. Every process calls it at the same points; with several, they agree (one small
-        all-reduce while a save is pending), so ``on_save`` fires at the same step everywhere. ``reason`` and
-        ``stall`` are logged with the time waited (a warning with ``stall``: the next save had to wait).
-
-        Returns:
-            Whether ``on_save`` fired.
-
-        Raises:
-            CheckpointWriteError: the background write failed; the folder does not exist (the cause chained).
-        """
-        if self._unannounced_save is None:
-            return False
-        (folder, saved_state), saver = self._unannounced_save, self._checkpoint_writer
-        error = None
-        if wait:
-            try:
-                saver.wait(reason, stall)
-            except background.CheckpointWriteError as e:
-                error = e
-        busy, failed = not saver.done(), error is not None or saver.failed()
-        if self.args.world_size > 1:  # the main process writes the folder (every process its FSDP shards): agree
-            flags = self.backend.reduce_sum(torch.tensor([float(busy), float(failed)], device=self.backend.device))
-            busy, failed = (bool(v > 0) for v in flags.tolist())
-        if busy:
-            return False
-        self._unannounced_save = None
-        try:
-            saver.wait(reason)  # finished: returns at once, or raises its error
-        except background.CheckpointWriteError as e:
-            error = error or e
-        if error is not None:
-            raise error
-        if failed:
-            raise background.CheckpointWriteError(folder, detail="another process's background write failed "
-                                                  "(its log names the cause)")
-        should_save = self.control.should_save  # a save requested at this step stays requested
-        self.control = self.callback_handler.on_save(self.args, saved_state, self.control)
-        self.control.should_save = self.control.should_save or should_save
-        return True
-
-    def _abandon_save(self) -> None:
-        """After train() failed: wait for the save in flight (the lock on ``output_dir`` goes after it), on this
-        process alone (no collective: another may be gone), and log its error instead of hiding the first one."""
-        self._unannounced_save = None
-        try:
-            self._checkpoint_writer.wait(reason="train() stops on an error")
-        except background.CheckpointWriteError as e:
-            logger.error("%s", e, exc_info=e.__cause__)
-
-    def _checkpoint_objects(self, model: nn.Module, loop: LoopState | None) -> dict[str, Any]:
-        """What a checkpoint holds, by name (``save_load.save`` / ``save_load.load``); the weights are ``model``'s."""
-        pending = getattr(getattr(loop, "batches", None), "before_pending", None) or {}
-        return {"model": model, "processing_class": self._saved_processor(), "optimizer": self.optimizer,
-                "scheduler": self.lr_scheduler, "scaler": self.backend.scaler, "trainer_state": self.state,
-                "callbacks": self.callback_handler, "control": self.control, "loop_state": loop,
-                "stream": data.SavedState(pending["stream"]) if pending.get("stream") is not None else
-                data.stateful_stream(self.callback_handler.train_dataloader),
-                "look_ahead_rng": pending.get("rng"),  # what the batch collated ahead was drawn from
-                # a subclass's _save writes a checkpoint's model files (cadence's own writes them in the background)
-                "model_files": None if type(self)._save is Trainer._save else self._save}
+        return self.checkpointer.save(model, loop_state)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load the weights of a checkpoint folder into ``model`` (default ``self.model``): safetensors or
         ``weights_only`` files, sharded, PEFT adapters (transformers' method; ``train()`` resumes through it)."""
-        self.backend.load_model_weights(model if model is not None else self.model, resume_from_checkpoint)
+        self.checkpointer.load_weights(model if model is not None else self.model, resume_from_checkpoint)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """Warn about the missing and unexpected keys of ``load_result`` (what ``load_state_dict`` returns); keys
@@ -1362,8 +1205,7 @@ class Trainer:
         restores them with everything else; a subclass's override is called after that, to load its own files."""
         if checkpoint is None:
             return
-        load_optimizer_and_scheduler(Path(checkpoint), self.optimizer, self.lr_scheduler, functools.partial(
-            self.backend.load_optimizer_state, self.model_wrapped, self.optimizer))
+        self.checkpointer.load_optimizer_and_scheduler(checkpoint)
 
     def _get_output_dir(self, trial: Any = None) -> str:
         """The folder this run's checkpoints go to: ``args.output_dir`` (a hyperparameter-search trial's
@@ -1403,23 +1245,19 @@ class Trainer:
         checkpoint's callbacks this run does not have."""
         if not self.args.restore_callback_states_from_checkpoint:
             return
-        self.control, missing = restore_callback_states(self.callback_handler, self.control,
-                                                                   self.state.stateful_callbacks)
+        missing = self.checkpointer.load_callback_states()  # self.control rebuilt too
         if missing:  # formatted here: code that patches logger.warning reads the names in the message
             logger.warning(f"the checkpoint holds the state of callbacks this run does not use, ignored: {', '.join(missing)}"
                            " (pass them in callbacks=[...] to restore them)")
 
     def _load_best_model(self) -> None:
         """Put the weights of ``state.best_model_checkpoint`` into the model (every process reads them)."""
-        self._collect_save(wait=True, reason="loading the best model")
-        logger.info("loading the best model from %s (%s=%s)", self.state.best_model_checkpoint,
-                    self.args.metric_for_best_model, self.state.best_metric)
-        self.backend.load_model_weights(self.model, self.state.best_model_checkpoint)
+        self.checkpointer.load_best_model()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model (``save_pretrained`` or safetensors) and the processing class to ``output_dir``."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        self._collect_save(wait=True, reason="save_model")
+        self.checkpointer.poll(wait=True, reason="save_model")
         with optimization.eval_weights(self.optimizer, restore=self.is_in_train):  # schedule-free: averaged weights
             weights = self.backend.model_state_dict(self.model, output_dir, full=True)  # every process (FSDP gathers)
             # every process, as transformers calls it: a state dict only where one was gathered (FSDP, DeepSpeed)
@@ -1442,8 +1280,7 @@ class Trainer:
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save:
             logger.info(f"Saving model checkpoint to {output_dir}")
-            save_load.save_model(output_dir, self.backend.unwrap(self.model), self._saved_processor(), state_dict,
-                                 self.args)
+            self.checkpointer.save_model(output_dir, self.backend.unwrap(self.model), self._saved_processor(), state_dict)
 
     def _saved_processor(self) -> Any:
         """What is saved beside the weights: ``processing_class``, else the data collator's ``tokenizer`` (a library
@@ -1457,7 +1294,7 @@ class Trainer:
         if not self.is_world_process_zero():
             return
         os.makedirs(self.args.output_dir, exist_ok=True)
-        self.state.save_to_json(os.path.join(self.args.output_dir, formats.TRAINER_STATE_NAME))
+        self.state.save_to_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
 
     def create_model_card(self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,
                           model_name: str | None = None, finetuned_from: str | None = None, tasks: str | list[str] | None = None,

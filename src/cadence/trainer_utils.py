@@ -3,7 +3,7 @@
 Strategies are `str` enums so `args.eval_strategy == "steps"` holds; the result tuples keep HF's
 field names and order; the helpers (`set_seed`, `get_last_checkpoint`, `speed_metrics`, ...) keep
 HF's signatures and results. Importing this module costs stdlib + torch + numpy (torch imports
-numpy anyway) and nothing else.
+numpy anyway) and the checkpoint files' names (``checkpoint_io``), nothing else.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import logging
 import os
 import random
 import re
-import shutil
 import time
 from collections.abc import Callable
 from enum import Enum
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+# the checkpoint folders' helpers, at transformers' import path (cadence's own code imports checkpoint_io.folders)
+from .checkpoint_io.folders import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints, sort_checkpoints  # noqa: F401
 # transformers' import paths of types that live below this module: the collator that drops unused columns, and the
 # hyperparameter search's types
 from .column_removal import RemoveColumnsCollator  # noqa: F401
@@ -159,138 +159,6 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, float]
 
 
-# --------------------------------------------------------------------------------------------
-# Checkpoint folders
-# --------------------------------------------------------------------------------------------
-PREFIX_CHECKPOINT_DIR = "checkpoint"
-# Anchored at both ends: "tmp-checkpoint-7" (a checkpoint being written) must never match.
-CHECKPOINT_DIR_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-# The checkpoint writer renames a temp folder into place only once it is complete, and this file is
-# in every complete checkpoint, so its presence is what "complete" means here.
-_COMPLETE_MARKER = "trainer_state.json"
-
-
-def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
-    """The newest complete `checkpoint-N` folder inside `folder` (highest N), or None.
-
-    Args:
-        folder: the training output directory (it must exist).
-
-    Returns:
-        `os.path.join(folder, "checkpoint-N")`, or None when no complete checkpoint exists.
-
-    Example:
-        >>> get_last_checkpoint("out")  # doctest: +SKIP
-        'out/checkpoint-1500'
-    """
-    found = sorted_checkpoints(folder)
-    return os.path.join(folder, found[-1].name) if found else None
-
-
-def sorted_checkpoints(folder: str | os.PathLike) -> list[Path]:
-    """The complete ``checkpoint-N`` folders inside ``folder``, lowest N first.
-
-    Raises:
-        FileNotFoundError: when ``folder`` does not exist.
-    """
-    steps = {}
-    for name in os.listdir(folder):
-        match = CHECKPOINT_DIR_RE.match(name)
-        path = Path(folder) / name
-        if match and (path / _COMPLETE_MARKER).is_file():
-            steps[int(match.group(1))] = path
-    return [steps[step] for step in sorted(steps)]
-
-
-def sort_checkpoints(output_dir: str | os.PathLike, checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR, use_mtime: bool = False,
-                     best_model_checkpoint: str | None = None) -> list[str]:
-    """The ``{checkpoint_prefix}-N`` folders in ``output_dir``, oldest first (transformers' helper).
-
-    Args:
-        output_dir: the folder holding the checkpoints.
-        checkpoint_prefix: the folder-name prefix.
-        use_mtime: order by modification time (falls back to N when all lie within one second, as on
-            filesystems that fake mtimes).
-        best_model_checkpoint: moved to second-to-last, so a rotation that deletes from the front keeps it
-            and the newest stays last.
-
-    Returns:
-        Paths as strings, ``os.path.join(output_dir, name)``-style.
-
-    Example:
-        >>> sort_checkpoints("out")  # doctest: +SKIP
-        ['out/checkpoint-500', 'out/checkpoint-1000']
-    """
-    pattern = re.compile(rf"^{re.escape(checkpoint_prefix)}-(\d+)$")
-    found = [(int(m.group(1)), str(path)) for path in Path(output_dir).iterdir()
-             if path.is_dir() and (m := pattern.match(path.name))]
-    if use_mtime and len(found) > 1:
-        by_time = sorted((os.path.getmtime(path), path) for _, path in found)
-        if by_time[-1][0] - by_time[0][0] >= 1.0:
-            found = by_time
-        else:
-            logger.warning("checkpoint modification times lie within one second (unreliable here): ordering by step")
-    ordered = [path for _, path in sorted(found)]
-    best = str(Path(best_model_checkpoint)) if best_model_checkpoint is not None else None
-    if best in ordered and ordered[-1] != best:
-        ordered.remove(best)
-        ordered.insert(len(ordered) - 1, best)
-    return ordered
-
-
-DELETING_PREFIX = "deleting-"  # a rotated-away checkpoint between its rename and the end of its deletion
-
-
-def delete_oldest(ordered: list[Path], limit: int, keep: set) -> list[Path]:
-    """Delete from the front of ``ordered`` (oldest first) until ``limit`` are left, never one in ``keep``;
-    the kept ones count toward the limit (with ``limit=1`` and a best that is not the newest, both stay).
-
-    Returns the deleted folders.
-    """
-    keep = {Path(k).resolve() for k in keep if k is not None}
-    budget = max(limit, len(keep))
-    deletable = [c for c in ordered if Path(c).resolve() not in keep]
-    deleted = deletable[: max(len(ordered) - budget, 0)]
-    for path in deleted:
-        logger.info("deleting older checkpoint %s (save_total_limit=%d)", path, limit)
-        # renamed first (atomic), then deleted: a kill mid-delete leaves a deleting-checkpoint-N, never a partial checkpoint-N
-        doomed = Path(path).with_name(DELETING_PREFIX + Path(path).name)
-        os.replace(path, doomed)
-        remove_folder(doomed)
-    return deleted
-
-
-def remove_folder(path: str | os.PathLike) -> None:
-    """Delete a checkpoint folder, ignoring errors; a symlink to one (linked in from elsewhere) loses only the
-    link, never what it points to (``shutil.rmtree`` refuses links, which would leave it forever)."""
-    path = Path(path)
-    if path.is_symlink():
-        try:
-            path.unlink()
-        except OSError:
-            pass
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | None = None,
-                       best_model_checkpoint: str | None = None, use_mtime: bool = False,
-                       checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR) -> None:
-    """Delete the oldest checkpoints beyond ``save_total_limit``, never the newest nor the best (transformers'
-    helper; the Trainer's own rotation is ``checkpoint.writer.rotate_checkpoints``, which also spares the one just written).
-
-    Args:
-        output_dir: the folder holding the checkpoints.
-        save_total_limit: how many to keep; None or <= 0 keeps all.
-        best_model_checkpoint: a checkpoint that is never deleted.
-        use_mtime, checkpoint_prefix: see ``sort_checkpoints``.
-    """
-    if save_total_limit is None or save_total_limit <= 0:
-        return
-    ordered = sort_checkpoints(output_dir, checkpoint_prefix, use_mtime)
-    delete_oldest([Path(p) for p in ordered], save_total_limit, {ordered[-1] if ordered else None, best_model_checkpoint})
-
-
 def check_target_module_exists(optim_target_modules: str | list[str], key: str, return_is_regex: bool = False):
     """Whether the module name ``key`` is one of ``optim_target_modules`` (transformers' rule).
 
@@ -423,7 +291,7 @@ def estimate_mfu(total_flos: float, seconds: float, device: Any, world_size: int
     Returns:
         A fraction (0.4 means 40 % of peak), or None on a CPU, an unknown GPU, or no time.
     """
-    from .backend.devices import peak_flops  # on use: this module imports nothing of cadence at its top (cheap to import)
+    from .runtime.devices import peak_flops  # on use: importing this module needs no device facts
 
     peak = peak_flops(device) if seconds > 0 else None
     if peak is None:
@@ -563,7 +431,7 @@ def find_executable_batch_size(
                     raise
                 smaller = int(batch_size * 0.9)  # accelerate's rule, which transformers uses: 10% at a time
                 logger.info("Out of memory at batch size %d; retrying with %d", batch_size, smaller)
-                from .backend.devices import free_memory  # on use, as peak_flops above
+                from .runtime.devices import free_memory  # on use, as peak_flops above
 
                 free_memory()  # the failed attempt's tensors and the device's cache, before retrying
                 batch_size = smaller

@@ -1000,7 +1000,7 @@ class TrainingArguments:
             >>> args.learning_rate
             5e-05
         """
-        from .checkpoint.formats import load_training_args  # only here: reading files is not this module's job
+        from .checkpoint_io.formats import load_training_args  # only here: reading files is not this module's job
 
         saved = load_training_args(checkpoint)
         if saved is None:

@@ -279,7 +279,7 @@ def _start_process_state(args: TrainingArguments) -> None:
     (TRL's ORPO and CPO), which needs the state; it is created when accelerate is imported already (every library
     that uses it imported it), so a plain run never imports accelerate (0.2 s). DeepSpeed's state is left to the
     Trainer's accelerator, which sets it up for DeepSpeed."""
-    from .backend.slurm import apply_slurm_environment  # light: SLURM's srun as a launcher
+    from .runtime.slurm import apply_slurm_environment  # light: SLURM's srun as a launcher
 
     apply_slurm_environment()  # before anything reads RANK/WORLD_SIZE: a job srun started sets them from SLURM's
     if args.deepspeed:

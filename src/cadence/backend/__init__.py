@@ -4,9 +4,10 @@ The loop asks verbs (``prepare_model``, ``prepare_training``, ``no_sync``, ``aut
 ``clip_grad_norm``, ``optimizer_step``, ``reduce_mean``, ``gather``, ``broadcast_object``, ``unwrap``, ``barrier``, and
 for checkpoints ``model_state_dict``, ``optimizer_state_dict``, ``load_model_weights``, ``load_optimizer_state``) and never
 asks which engine is underneath; ``pin_memory``, ``empty_cache`` and ``free_memory`` answer for its device. Code
-with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks this module's functions instead:
-``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``, ``peak_flops``,
-``process_group_size_and_rank``, ``any_process``, ``every_process``. No other module calls torch.cuda or torch.distributed.
+with no ``Backend`` at hand (arguments, checkpoints, samplers, callbacks) asks ``cadence.runtime``'s functions instead
+(re-exported here): ``default_device``, ``accelerator_available``, ``device_rng_state``/``set_device_rng_state``,
+``peak_flops``, ``process_group_size_and_rank``, ``any_process``, ``every_process``. No module outside these two
+packages calls torch.cuda or torch.distributed.
 ``AcceleratorView`` is ``trainer.accelerator``: accelerate's ``Accelerator`` methods for subclasses, on one
 process or several.
 
@@ -37,21 +38,21 @@ model on a device mesh, TP, FSDP x TP, HSDP; ``deepspeed_engine``: DeepSpeed's e
 object (autocast, the fp16 grad scaler) sits beside it. ``connector`` picks both once, from the arguments and the
 model; the ``Backend`` hands each verb to them and never asks which engine runs. A new engine is one new module.
 
-Modules, each importing only the ones before it: ``devices`` (device, cache, memory, device RNG, peak FLOP/s),
-``precision``, ``processes`` (process group, rendezvous, accelerate's process state, ranks), ``strategy``,
-``single``, ``ddp``, ``fsdp``, ``meshes`` (tensor, 2-D and hybrid parallelism), ``deepspeed`` (its config),
-``deepspeed_engine``, ``connector``, ``adapter`` (``Backend``), ``accelerator_view`` (``AcceleratorView``,
-``accelerator_kwargs``). Every name is importable from ``cadence.backend``.
+Modules, each importing only the ones before it: ``precision``, ``strategy``, ``single``, ``ddp``, ``fsdp``,
+``meshes`` (tensor, 2-D and hybrid parallelism), ``deepspeed`` (its config), ``deepspeed_engine``, ``connector``,
+``adapter`` (``Backend``), ``accelerator_view`` (``AcceleratorView``, ``accelerator_kwargs``). The device and process
+facts they stand on (``devices``, ``processes``, ``slurm``) are ``cadence.runtime``, a floor below every package;
+their names are re-exported here. Every name is importable from ``cadence.backend``.
 """
 
 import torch  # noqa: F401 - ``cadence.backend.torch``, as the module it replaces had it (tests patch torch.amp there)
 
-from .devices import (  # noqa: F401
+from ..runtime.devices import (  # noqa: F401
     accelerator_available, bf16_gpu_available, copies_done_event, default_device, device_memory,
     device_rng_state, empty_cache, free_memory, peak_flops, reset_device_peak_memory, set_device_rng_state,
     _EMPTY_CACHE,
 )
-from .processes import (  # noqa: F401
+from ..runtime.processes import (  # noqa: F401
     accelerate_state, any_process, every_process, find_unused_parameters, main_process_first, process_group_size_and_rank,
     process_state,
     require_configured_state, shard_batch_sampler, _process_group_options,
@@ -71,5 +72,5 @@ from .adapter import (  # noqa: F401
     Backend,
 )
 from .accelerator_view import (  # noqa: F401
-    accelerator_kwargs, AcceleratorView,
+    accelerator_kwargs, AcceleratorView, skip_first_batches,
 )

@@ -12,7 +12,7 @@ import torch
 
 from .adapter import Backend
 from .precision import _map_tensors
-from .processes import accelerate_state, find_unused_parameters, process_state
+from ..runtime.processes import accelerate_state, find_unused_parameters, process_state
 
 
 class AcceleratorView:
@@ -224,6 +224,18 @@ class AcceleratorView:
     def _partial_state(self):
         """accelerate's process state with the run's settings (what ``main_process_first`` creates too)."""
         return process_state(self._backend._args)
+
+
+def skip_first_batches(dataloader: Any, num_batches: int) -> Any:
+    """accelerate's ``skip_first_batches``: ``dataloader`` without its first ``num_batches`` batches (what
+    transformers' ``get_resumed_dataloader`` returns).
+
+    Example:
+        >>> rest = skip_first_batches(loader, 3)  # doctest: +SKIP
+    """
+    from accelerate import skip_first_batches as skip  # on use: accelerate's data module is not needed otherwise
+
+    return skip(dataloader, num_batches)
 
 
 def accelerator_kwargs(args: Any, model: torch.nn.Module, **overrides: Any) -> dict[str, Any]:

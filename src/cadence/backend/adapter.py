@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..runtime.devices import empty_cache, free_memory
 from .connector import connect
 from .deepspeed_engine import DeepSpeedEngine
-from .devices import empty_cache, free_memory
 from .meshes import parallelism_layout
 from .precision import _apply_tf32
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
+from ..runtime.processes import _end_at_exit_if_started, _process_group_options, accelerate_state
 from .ddp import DataParallel, ddp_accelerator
 from .deepspeed import _check_deepspeed_usable, deepspeed_accelerator, deepspeed_config
 from .deepspeed_engine import DeepSpeedEngine
 from .fsdp import _FullyShard, fsdp_plugin
 from .meshes import _accelerate_parallelism, _mesh_sharding
 from .precision import Precision, _amp_dtype
-from .processes import _end_at_exit_if_started, _process_group_options, accelerate_state
 from .single import SingleDevice
 from .strategy import Strategy
 

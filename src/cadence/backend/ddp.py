@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from ..runtime.processes import _end_at_exit_if_started, _on_cpu, _process_group_options, find_unused_parameters
 from .precision import _map_tensors
-from .processes import _end_at_exit_if_started, _on_cpu, _process_group_options, find_unused_parameters
 from .strategy import Strategy
 
 

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..checkpoint import formats
-from ..checkpoint.deepspeed_files import check_deepspeed_folder, has_tag_file
+from ..checkpoint_io import formats
+from ..checkpoint_io.deepspeed_files import check_deepspeed_folder, has_tag_file
 
 from .ddp import DataParallel
 from .deepspeed import deepspeed_config, deepspeed_optimizers, unused_given_optimizers

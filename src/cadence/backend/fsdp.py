@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import formats
-from ..checkpoint.sharded import load_dcp
+from ..checkpoint_io import formats
+from ..checkpoint_io.sharded import load_dcp
 
 from .ddp import DataParallel
 

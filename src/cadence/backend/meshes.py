@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import formats
-from ..checkpoint.sharded import load_dcp
+from ..checkpoint_io import formats
+from ..checkpoint_io.sharded import load_dcp
 
-from .devices import default_device
+from ..runtime.devices import default_device
 from .fsdp import _FullyShard
 
 

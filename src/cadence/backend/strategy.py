@@ -18,9 +18,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..checkpoint import formats
-
-from .processes import _is_collective_failure
+from ..checkpoint_io import formats
+from ..runtime.processes import _is_collective_failure
 
 _COMPILED = "_cadence_compiled"  # set on a module compiled in place, so it is compiled once
 

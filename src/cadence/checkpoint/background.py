@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..backend.devices import copies_done_event
+from ..runtime.devices import copies_done_event
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..trainer_callback import TrainerState
+from ..trainer_state import TrainerState
 from .rng import read_rng_state
-from .sharded import DCP_METADATA_NAME, check_dcp_folder
-from .formats import (LOOP_STATE_NAME, TRAINER_STATE_NAME, WEIGHTS_FILE_RE, CorruptCheckpointError,
+from ..checkpoint_io.sharded import DCP_METADATA_NAME, check_dcp_folder
+from ..checkpoint_io.formats import (LOOP_STATE_NAME, TRAINER_STATE_NAME, WEIGHTS_FILE_RE, CorruptCheckpointError,
                       UnsafeCheckpointError, _corrupt, _index_shards, checked_files, checked_path, confined, safe_load,
                       save_json, unsafe_globals, weights_files)
 

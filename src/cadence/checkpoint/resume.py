@@ -33,15 +33,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from ..backend.processes import every_process, process_group_size_and_rank
-from ..trainer_utils import has_length, sorted_checkpoints
-from .formats import (OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
+from ..runtime.processes import every_process, process_group_size_and_rank
+from ..checkpoint_io.folders import sorted_checkpoints
+from ..checkpoint_io.formats import (OPTIMIZER_NAME, OPTIMIZER_SHARDS_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
                       TRAINER_STATE_NAME, CorruptCheckpointError, load_training_args, safe_load)
 from .manifest import read_loop_state, verify_checkpoint
 from .rng import checkpoint_world_size, read_rng_state, rng_state_name
 from .writer import remove_incomplete
 
 logger = logging.getLogger(__name__)
+
 
 def resolve_checkpoint(resume_from_checkpoint: str | os.PathLike | bool, output_dir: str | os.PathLike,
                        among: set[str] | None = None) -> Path:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backend.devices import device_rng_state, set_device_rng_state
-from .formats import RNG_STATE_NAME, _corrupt, safe_load
+from ..runtime.devices import device_rng_state, set_device_rng_state
+from ..checkpoint_io.formats import RNG_STATE_NAME, _corrupt, safe_load
 
 
 def rng_state_name(process_index: int, world_size: int) -> str:

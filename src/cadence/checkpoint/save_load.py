@@ -19,17 +19,18 @@ from typing import Any, Callable
 import torch
 
 from .. import output_guard, peft_support
-from ..backend.processes import every_process
-from ..trainer_callback import ExportableState, TrainerState
+from ..runtime.processes import every_process
+from ..trainer_state import ExportableState, TrainerState
 from ..trainer_utils import compare_trainer_and_checkpoint_args
 from .background import BackgroundWriter
-from .formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
+from ..checkpoint_io.formats import (LOOP_STATE_NAME, OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, STREAM_STATE_NAME,
                       TRAINER_STATE_NAME, TRAINING_ARGS_JSON, TRAINING_ARGS_NAME, WEIGHTS_NAME, load_training_args,
                       safe_load, _takes_keyword, save_json, save_model_weights, writing)
 from .manifest import read_trainer_state
 from .resume import ResumePoint, load_optimizer_and_scheduler, resume_point
-from .writer import (final_name, keep_only_best, prepare_staging, remove_incomplete, rotate_checkpoints,
-                     save_rng_state, staging_folder, staging_removed_on_error, write_atomically)
+from ..checkpoint_io.folders import keep_only_best, rotate_checkpoints
+from .writer import (final_name, prepare_staging, remove_incomplete, save_rng_state, staging_folder,
+                     staging_removed_on_error, write_atomically)
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def save(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
     collectives on a group of their own); the main process hands a CPU snapshot of the rest to its writer's thread,
     which writes the shards, then the other files, hashes, renames and rotates. Returns at once;
     ``writer.wait()`` waits for the folder (on every process: for its shards). The caller has collected the previous
-    save first (one in flight: the Trainer's ``_collect_save``, which also fires its ``on_save``), and passes no writer
+    save first (one in flight: ``Checkpointer.poll``, which also fires its ``on_save``), and passes no writer
     where ``backend.saves_in_background`` is False.
 
     Args:
@@ -189,8 +190,8 @@ def _complete(folder: Path, write: Callable[[Path], None] | None, args: Any, bes
         barrier()
     if write is not None:
         remove_incomplete(args.output_dir)
-        rotate_checkpoints(args.output_dir, args.save_total_limit, best, folder,
-                           output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
+        rotate_checkpoints(args.output_dir, args.save_total_limit, best, just_written=folder,
+                           earlier=output_guard.earlier_checkpoints(args.output_dir, just_written=folder))
 
 
 def finish_rotation(args: Any, best: str | None) -> list[Path]:

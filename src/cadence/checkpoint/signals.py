@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..backend.processes import any_process
+from ..runtime.processes import any_process
 from ..trainer_callback import TrainerCallback
 
 logger = logging.getLogger(__name__)
@@ -138,6 +138,6 @@ class CheckpointManager:
         logger.warning("saving a just-in-time checkpoint at step %d", trainer.state.global_step)
         folder = trainer._save_checkpoint(trainer.model, trial=None)  # transformers' call, which code may patch
         # an asynchronous save is waited for, and fires on_save itself; a synchronous one is written: fire it here
-        if not trainer._collect_save(wait=True, reason="a just-in-time checkpoint returns"):
+        if not trainer.checkpointer.poll(wait=True, reason="a just-in-time checkpoint returns"):
             trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
         return folder

@@ -1,11 +1,9 @@
-"""Writing a checkpoint folder atomically: staging, manifest, fsync, rename; cleaning up after killed saves; rotation.
+"""Writing a checkpoint folder atomically: staging, manifest, fsync, rename; cleaning up after killed saves.
 
 A checkpoint is written into ``tmp-checkpoint-N/``, every file flushed and fsynced, and only then
 renamed to ``checkpoint-N/``: a folder with that name is always complete (``get_last_checkpoint``
 also requires ``trainer_state.json``, written last; while a Trainer subclass's ``_save`` writes, ``checkpoint-N``
-is a link to the staging folder, which has none). Rotation keeps the newest checkpoints and the
-best one, and never deletes the one just written; with ``save_total_limit=1`` the end of training leaves the best
-alone.
+is a link to the staging folder, which has none). Rotation is ``checkpoint_io.folders.rotate_checkpoints``.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from typing import Callable
 
 import torch
 
-from ..trainer_utils import CHECKPOINT_DIR_RE, DELETING_PREFIX, delete_oldest, remove_folder, sorted_checkpoints
-from .formats import writing
+from ..checkpoint_io.folders import CHECKPOINT_DIR_RE, DELETING_PREFIX, remove_folder, sorted_checkpoints
+from ..checkpoint_io.formats import writing
 from .manifest import MANIFEST_NAME, write_manifest
 from .rng import capture_rng_state, rng_state_name
 
@@ -290,32 +288,3 @@ def remove_incomplete(output_dir: str | os.PathLike) -> list[Path]:
             remove_folder(tmp)
             deleted.append(tmp)
     return deleted
-
-
-def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, best: str | None, just_written: Path,
-                       earlier: set[Path] = frozenset()) -> list[Path]:
-    """Delete the oldest checkpoints beyond ``limit``, never the best one nor the one just written; the
-    ``earlier`` run's checkpoints (``output_guard.earlier_checkpoints``) neither count nor go.
-
-    Returns the deleted folders.
-    """
-    if limit is None or limit <= 0:  # transformers: None or <= 0 keeps every checkpoint
-        return []
-    earlier = {Path(p).resolve() for p in earlier}
-    own = [c for c in sorted_checkpoints(output_dir) if c.resolve() not in earlier]
-    return delete_oldest(own, limit, {just_written, best})
-
-
-def keep_only_best(output_dir: str | os.PathLike, best: str | os.PathLike,
-                   earlier: set[Path] = frozenset()) -> list[Path]:
-    """When a run with ``save_total_limit=1`` ends: delete every checkpoint but ``best``, as transformers does after
-    its last save (during training rotation also keeps the newest, for a resume). The ``earlier`` run's checkpoints
-    neither count nor go, as in :func:`rotate_checkpoints`.
-
-    Returns the deleted folders.
-    """
-    earlier = {Path(p).resolve() for p in earlier}
-    own = [c for c in sorted_checkpoints(output_dir) if c.resolve() not in earlier]
-    if Path(best).resolve() not in {c.resolve() for c in own}:  # gone, or the earlier run's: delete nothing
-        return []
-    return delete_oldest(own, 1, {best})

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ..backend.processes import process_group_size_and_rank, shard_batch_sampler
+from ..runtime.processes import process_group_size_and_rank, shard_batch_sampler
 
 from .collators import _as_mapping
 from .columns import _hf_columns

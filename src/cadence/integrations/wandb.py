@@ -105,7 +105,7 @@ class WandbCallback(TrackerCallback):
         super().on_train_end(args, state, control, **kwargs)
 
     def _upload_final(self, model, processing_class) -> None:
-        from ..checkpoint.formats import save_model_weights
+        from ..checkpoint_io.formats import save_model_weights
 
         with tempfile.TemporaryDirectory() as folder:
             save_model_weights(model, folder, processing_class)
