@@ -115,7 +115,7 @@ FLOORS = [
                   "cadence.integrations"]),
     ("arguments", ["cadence.training_args_types", "cadence.training_args_checks", "cadence.training_args_parsing",
                    "cadence.training_args", "cadence.training_args_seq2seq"]),
-    ("the Trainer", ["cadence.trainer", "cadence.trainer_seq2seq"]),
+    ("the Trainer", ["cadence.trainer_surface", "cadence.trainer", "cadence.trainer_seq2seq"]),
     ("entry points and transformers' paths", ["cadence", "cadence.trainer_pt_utils", "cadence.trainer_jit_checkpoint",
                                               "cadence.trainer_optimizer", "cadence.patch", "cadence.cli",
                                               "cadence.cli_train", "cadence.cli_env", "cadence.demo", "cadence.plot",

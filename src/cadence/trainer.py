@@ -29,14 +29,14 @@ from torch.utils.data import DataLoader
 
 from . import activation_checkpointing, data, evaluation, liger, loss as loss_utils, neftune, optimization, overflow
 from . import checks, output_guard, peft_support, script_metrics
-from .backend import AcceleratorView, Backend, accelerator_kwargs, skip_first_batches
+from .backend import AcceleratorView, Backend, skip_first_batches
 # checkpoints only through the Checkpointer; transformers' module constants (scripts import the checkpoint file names
 # from transformers.trainer) come with it
 from .checkpoint.manager import (OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME,  # noqa: F401
                                  TRAINING_ARGS_NAME, Checkpointer, ResumePoint)
 from .checkpoint.signals import JITCheckpointCallback
 from .integrations import base as trackers, registry as integrations
-from .loop_state import BatchLayout, LoopState, data_identity, data_states, step_counts, transformers_step_counts
+from .loop_state import BatchLayout, LoopState, data_identity, data_states, step_counts
 from .memory_metrics import TrainerMemoryTracker
 from .trainer_callback import (
     CallbackHandler,
@@ -58,6 +58,7 @@ from .trainer_utils import (
     set_seed,
     speed_metrics,
 )
+from .trainer_surface import TransformersSurface
 from .training_args import TrainingArguments, set_process_log_level
 
 logger = logging.getLogger(__name__)
@@ -87,14 +88,7 @@ def _accepts_tokenizer(init: Callable) -> Callable:
     return __init__
 
 
-def _summary(method: Callable) -> str:
-    """The first paragraph of a method's docstring, on one line."""
-    return " ".join(inspect.getdoc(method).split("\n\n")[0].split())
-
-
-
-
-class Trainer:
+class Trainer(TransformersSurface):
     """Train, evaluate and predict with a PyTorch model; the API of ``transformers.Trainer``.
 
     Args:
@@ -1433,10 +1427,6 @@ class Trainer:
         if self.is_in_train and self._loop is not None:
             self._loop.store_counts(self.state)
 
-    def get_num_trainable_parameters(self) -> int:
-        """Elements of the parameters that require a gradient."""
-        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-
     @property
     def _train_batch_size(self) -> int:
         """transformers' attribute (its ``get_train_dataloader``, which subclasses copy, reads it): the batch each
@@ -1451,68 +1441,3 @@ class Trainer:
     def _batch_layout(self, args: TrainingArguments) -> BatchLayout:
         """The step's samples over the data-parallel ranks (a tensor-parallel group reads one batch)."""
         return BatchLayout(args.train_batch_size, args.gradient_accumulation_steps, self.backend.data_parallel_size)
-
-    def get_sp_size(self) -> int:
-        """Sequence-parallel size: 1 (cadence splits data only, never sequences)."""
-        return 1
-
-    def get_cp_size(self) -> int:
-        """Context-parallel size: 1 (cadence has no context parallelism)."""
-        return 1
-
-    def get_tp_size(self) -> int:
-        """Tensor-parallel size: the model's (``tp_plan``) or ``parallelism_config``'s, else 1."""
-        return self.backend.layout.tp_size if self.backend.layout is not None else 1
-
-    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
-        """The mixed-precision context (the same as ``compute_loss_context_manager``)."""
-        return self.compute_loss_context_manager()
-
-    def end(self) -> None:
-        """Destroy the process group at the very end of a script (after the last train/evaluate/save)."""
-        self.backend.end()
-
-    # transformers' loop calls these; cadence's does not, so an override would be silently ignored: refused
-    _NOT_CALLED_BY_CADENCE = ("create_accelerator_and_postprocess", "set_initial_training_values", "get_batch_samples")
-
-    def _refuse_ignored_overrides(self) -> None:
-        for name in self._NOT_CALLED_BY_CADENCE:
-            if getattr(type(self), name) is not getattr(Trainer, name):
-                raise TypeError(
-                    f"{type(self).__name__} overrides {name}(), which cadence's training loop never calls, so the "
-                    f"override would be silently ignored; move that logic elsewhere ({_summary(getattr(Trainer, name))})"
-                )
-
-    def create_accelerator_and_postprocess(self) -> None:
-        """cadence builds its Accelerator from TrainingArguments (ddp_* fields) in backend.Backend."""
-        raise NotImplementedError(
-            "cadence creates its Accelerator in backend.Backend (from TrainingArguments) when the Trainer is "
-            "built; there is nothing to recreate. Set the ddp_* arguments instead"
-        )
-
-    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
-        """The keyword arguments transformers' Trainer builds for accelerate's ``Accelerator`` from ``self.args``
-        (``backend.accelerator_kwargs``: dataloader config, gradient accumulation plugin, DDP options, ...);
-        ``kwargs`` replace computed entries, as in transformers."""
-        return accelerator_kwargs(self.args, self.model, **kwargs)
-
-    def set_initial_training_values(self, args: TrainingArguments, dataloader: DataLoader
-                                    ) -> tuple[int, int, int, int, int, int | None, int]:
-        """transformers' step counts of a run over ``dataloader``; read state.max_steps / num_train_epochs in
-        on_train_begin.
-
-        Returns:
-            ``(num_train_epochs, num_update_steps_per_epoch, num_examples, num_train_samples, total_train_batch_size,
-            steps_in_epoch, max_steps)`` with transformers' values: a dataloader without a length needs
-            ``max_steps > 0`` and counts ``sys.maxsize`` epochs of ``max_steps`` steps.
-        """
-        batches = len(dataloader) if has_length(dataloader) else None
-        return transformers_step_counts(args, self.get_total_train_batch_size(args), batches,
-                                        lambda: self.num_examples(dataloader))
-
-    def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
-        """cadence counts a step's items itself; to change the loss, override compute_loss or pass compute_loss_func."""
-        raise NotImplementedError(
-            "cadence's loop takes each optimizer step's batches and counts their items itself (loss.window_items, "
-            "over all processes); to change the loss, override compute_loss or pass compute_loss_func"
-        )
