@@ -1,7 +1,8 @@
 """The one pair the Trainer calls: :func:`save` ``(folder, objects, backend, args)`` writes named objects
 (model, optimizer, scheduler, scaler, loop state, stream state, ``TrainerState`` and the callbacks'
 states) and rotates; :func:`load` ``(folder, objects, backend, args)`` restores them in place and
-returns the :class:`~cadence.checkpoint.resume.ResumePoint` whose ``start_epoch`` continues the data and the RNGs.
+returns the :class:`~cadence.checkpoint.resume.ResumePoint` (``data.epoch_batches`` continues the data and the RNGs
+from it).
 Only the weights are loaded apart (``Backend.load_model_weights``, before the optimizer exists), and the best
 model at the end of training.
 """
@@ -225,7 +226,7 @@ def load(folder: str | os.PathLike, objects: dict[str, Any], backend: Any, args:
         args: the run's ``TrainingArguments``.
 
     Returns:
-        The :class:`ResumePoint`: its ``start_epoch`` continues the data where it stopped.
+        The :class:`ResumePoint`: ``data.epoch_batches`` continues the data from it where it stopped.
 
     Raises:
         ValueError: the checkpoint holds weights only.
