@@ -1,7 +1,7 @@
 """TRL on both bases: ``train()`` time of SFTTrainer and DPOTrainer on transformers' Trainer and on cadence's
 (``cadence.patch_transformers()`` before ``import trl``), each run in a fresh process (a patch cannot be undone).
 
-The work is ``tests/trl_worker.py``'s: a tiny Llama from a config, a word-level tokenizer, local data, float32
+The work is ``tests/workers/trl_worker.py``'s: a tiny Llama from a config, a word-level tokenizer, local data, float32
 (``*_fp32``), ``--steps`` optimizer steps. Rounds are interleaved (transformers, cadence, transformers, ...); the
 time is the ``train_runtime`` each run logs (``train()`` only: not the imports, not TRL's dataset preparation);
 the verdict is the median over rounds of cadence / transformers (cadence promises <= 1.0x).
@@ -35,7 +35,7 @@ def train_runtime(case: str, cadence: bool, steps: int) -> float:
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), os.path.join(ROOT, "src")])}
-        cmd = [sys.executable, os.path.join(ROOT, "tests", "trl_worker.py"), case, out, "--max-steps", str(steps)]
+        cmd = [sys.executable, os.path.join(ROOT, "tests", "workers", "trl_worker.py"), case, out, "--max-steps", str(steps)]
         proc = subprocess.run(cmd + (["--cadence"] if cadence else []), env=env, capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"{case} on {'cadence' if cadence else 'transformers'} failed:\n{proc.stderr[-3000:]}")

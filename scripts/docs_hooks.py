@@ -3,7 +3,7 @@ dataclass at every build, so it cannot drift from the code.
 
 A page holding the marker `<!-- training-arguments-fields -->` gets, in its place, one table per group of fields (the
 groups are the `# --- Group ---` comments of the class's source), each field with its type, default and help text;
-cadence's own fields (not in `transformers.TrainingArguments`) are marked. tests/test_docs.py checks that the
+cadence's own fields (not in `transformers.TrainingArguments`) are marked. tests/docs/test_docs.py checks that the
 generated text names every field. A code block marked `<!-- not run: REASON -->` gets its reason shown above it, one
 marked `<!-- file: NAME -->` the name it is saved as.
 """

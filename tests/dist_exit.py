@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 import torch
+from repo_paths import script_path
 
 faulthandler.enable()  # a worker that aborts (SIGABRT) prints every thread's Python stack: where it was
 
@@ -85,10 +86,10 @@ def worker_env(env=None):
 
 
 def launch(script, *args, nproc=2, env=None, torchrun=(), timeout=300, **run_kwargs):
-    """Run tests/``script`` with ``args`` on ``nproc`` processes: ``torchrun --standalone`` with the extra flags
+    """Run tests/workers/``script`` with ``args`` on ``nproc`` processes: ``torchrun --standalone`` with the extra flags
     ``torchrun``, or plain python for one (and no flags); waits, capturing its text output; returns the CompletedProcess
     with ``said``: the lines the processes said (``run_kwargs``, e.g. ``cwd``, go to subprocess.run)."""
-    cmd = [sys.executable, os.path.join(HERE, script), *map(str, args)]
+    cmd = [sys.executable, script_path(script), *map(str, args)]
     if nproc > 1 or torchrun:
         cmd[1:1] = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *torchrun]
     with tempfile.TemporaryDirectory(prefix="said-") as said:

@@ -1,5 +1,5 @@
 """Tiny models, tokenizers and data built in the process: the matrix downloads nothing (no Hub). The main suite's
-TRL worker (tests/trl_worker.py) builds its models and data here too (loaded by path: tests/tiny.py is its ``tiny``)."""
+TRL worker (tests/workers/trl_worker.py) builds its models and data here too (loaded by path: tests/tiny.py is its ``tiny``)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(REPO)
 
 
 @pytest.mark.slow

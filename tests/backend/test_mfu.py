@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cadence.trainer_utils import estimate_mfu
+from repo_paths import TESTS
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def test_train_metrics_carry_mfu_only_where_the_peak_is_known(tmp_path, monkeypa
     """On the CPU there is no train_mfu; on a device whose peak is known it is flops / time / peak."""
     import sys
 
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    sys.path.insert(0, str(TESTS))
     from tiny import RegressionDataset, RegressionModel
 
     from cadence import Trainer, TrainingArguments

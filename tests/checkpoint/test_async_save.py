@@ -25,6 +25,7 @@ from cadence.checkpoint import writer
 from cadence.checkpoint.background import CheckpointWriteError
 from cadence.checkpoint.manifest import MANIFEST_NAME, verify_checkpoint
 from cadence.checkpoint.signals import CheckpointManager
+from repo_paths import TESTS, IMPORT_PATHS
 
 
 def train(out, stop=None, resume=None, callbacks=(), **kw):
@@ -176,7 +177,7 @@ def test_save_model_and_jit_checkpoint_wait_for_the_save_in_flight(tmp_path, slo
 
 EXIT_SCRIPT = """
 import sys, time
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from test_async_save import train
 from cadence.checkpoint import writer
 real = writer.write_manifest
@@ -189,8 +190,8 @@ print("LEFT", flush=True)
 
 def test_the_process_exit_waits_for_the_save_in_flight(tmp_path):
     out = str(tmp_path / "run")
-    script = EXIT_SCRIPT.format(tests=os.path.dirname(__file__), out=out)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"),
+    script = EXIT_SCRIPT.format(tests=IMPORT_PATHS, out=out)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(TESTS, "..", "src"),
                                                         os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -16,15 +16,16 @@ from test_resume import assert_same_run, train
 
 from cadence import TrainerCallback, get_last_checkpoint
 from cadence.checkpoint_io.folders import sorted_checkpoints
+from repo_paths import TESTS, WORKERS
 
-HERE = os.path.dirname(__file__)
+HERE = TESTS
 CHECKPOINT = re.compile(r"checkpoint-\d+")
 
 
 def start(out, *extra):
     src = os.path.join(os.path.dirname(HERE), "src")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
-    return subprocess.Popen([sys.executable, os.path.join(HERE, "crash_worker.py"), out, *extra], env=env,
+    return subprocess.Popen([sys.executable, os.path.join(WORKERS, "crash_worker.py"), out, *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -14,8 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from repo_paths import WORKERS
 
-WORKER = os.path.join(os.path.dirname(__file__), "disk_full_worker.py")
+WORKER = os.path.join(WORKERS, "disk_full_worker.py")
 
 
 def can_mount_tmpfs() -> bool:

@@ -10,8 +10,9 @@ Found by reading the source's syntax tree (calls, not text), so comments and doc
 import ast
 import collections
 from pathlib import Path
+from repo_paths import REPO
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "cadence"
+SRC = Path(REPO) / "src" / "cadence"
 
 # (module, function, call) -> how it is protected
 AUDIT = {

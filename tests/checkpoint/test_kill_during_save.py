@@ -2,7 +2,7 @@
 disk is complete, the newest complete one is what ``get_last_checkpoint`` finds, resuming from it ends with
 weights ``torch.equal`` to a run never killed, and the resumed run clears the killed save's leftovers.
 
-Judged only by files on disk and by resuming real training processes (tests/kill_save_worker.py, forked from a
+Judged only by files on disk and by resuming real training processes (tests/workers/kill_save_worker.py, forked from a
 server that imported torch and cadence once), never by the writer's internals, so it holds for synchronous saves
 and for saves written by a background thread alike.
 The worker saves at every step and sleeps a little before each fsync / ``torch.save`` / safetensors write, so a
@@ -28,8 +28,9 @@ import pytest
 import torch
 
 from cadence import get_last_checkpoint
+from repo_paths import TESTS, WORKERS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 # milliseconds before each file write (5 a save) and each fsync (~11 a save): a save lasts ~0.2 s on this CPU,
 # most of it with some of its files written and the rest not
@@ -57,7 +58,7 @@ class Server:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src])}
         self.tmp_path, self.log = tmp_path, tmp_path / f"{name}.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "kill_save_worker.py"), "--serve"],
+            self.proc = subprocess.Popen([sys.executable, os.path.join(WORKERS, "kill_save_worker.py"), "--serve"],
                                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
         assert self.proc.stdout.readline() == "READY\n", self.log.read_text()[-3000:]
 

@@ -20,8 +20,9 @@ import cadence
 from cadence import Trainer, TrainerCallback
 from cadence import output_guard
 from cadence.output_guard import LOCK_NAME
+from repo_paths import TESTS, WORKERS, IMPORT_PATHS
 
-HERE = os.path.dirname(__file__)
+HERE = TESTS
 
 
 def listing(folder):
@@ -150,7 +151,7 @@ def hold_lock(out):
     """Another process that takes ``out``'s lock and keeps it (until killed); returns it once it holds it."""
     base = os.path.dirname(os.path.dirname(out))  # out is BASE/round0/run
     open(os.path.join(base, "round0", "go"), "w").close()
-    holder = subprocess.Popen([sys.executable, os.path.join(HERE, "lock_worker.py"), base, "1"],
+    holder = subprocess.Popen([sys.executable, os.path.join(WORKERS, "lock_worker.py"), base, "1"],
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": pythonpath()})
     for line in holder.stdout:
         if line.startswith(("GOT", "REFUSED")):
@@ -228,7 +229,7 @@ def test_runs_started_at_once_over_a_dead_runs_lock_exactly_one_gets_it(tmp_path
         out = tmp_path / f"round{r}" / "run"
         out.mkdir(parents=True)
         (out / LOCK_NAME).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname()}))
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "lock_worker.py"), str(tmp_path), str(rounds),
+    procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "lock_worker.py"), str(tmp_path), str(rounds),
                                *(["--no-fcntl"] if fallback else [])], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": pythonpath()}) for _ in range(n)]
     try:
@@ -325,7 +326,7 @@ def test_two_runs_at_once_the_second_refuses_and_the_first_finishes(tmp_path):
     ready = tmp_path / "ready"
     script = f"""
 import sys, time
-sys.path.insert(0, {HERE!r})
+sys.path[:0] = {IMPORT_PATHS!r}
 from test_resume import train
 
 from cadence import TrainerCallback

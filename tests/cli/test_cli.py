@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from cadence.version import __version__
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO)
 
 
 def cadence(*args, cwd=None, script=False):

@@ -14,6 +14,7 @@ import torch
 
 from cadence.cli import main
 from cadence.cli_train import load_data, parse, run_train
+from repo_paths import REPO
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
@@ -248,7 +249,7 @@ def test_train_stopped_by_sigterm_exits_143_keeps_its_checkpoint_and_writes_no_f
     flags = ["--model", str(model_folder), "--train_file", text_files[0], "--block_size", "16", "--output_dir", str(out),
              "--per_device_train_batch_size", "4", "--logging_steps", "1", "--save_strategy", "no", "--use_cpu",
              "--disable_tqdm", "true", "--seed", "0", "--enable_jit_checkpoint"]
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    src = os.path.join(REPO, "src")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": src}
     proc = subprocess.Popen([sys.executable, "-m", "cadence", "train", *flags, "--max_steps", "1000000"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO)
 
 # transformers.optimization names cadence has never had (not a regression of the packages; each a feature of its own)
 NOT_IN_CADENCE = {

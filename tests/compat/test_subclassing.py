@@ -1,5 +1,5 @@
-"""The subclassing contract (docs/subclassing.md; its examples run in tests/test_docs.py): ``trainer.accelerator``
-answers accelerate's methods on one process (on two: tests/test_qa_example.py); the attributes transformers' subclasses
+"""The subclassing contract (docs/subclassing.md; its examples run in tests/docs/test_docs.py): ``trainer.accelerator``
+answers accelerate's methods on one process (on two: tests/examples/test_qa_example.py); the attributes transformers' subclasses
 read exist with transformers' meaning."""
 
 import contextlib
@@ -13,8 +13,9 @@ import torch
 import cadence
 from cadence import Trainer, TrainingArguments
 from tiny import RegressionDataset, RegressionModel
+from repo_paths import REPO, find_test_file
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "subclassing.md"
+DOC = Path(REPO) / "docs" / "subclassing.md"
 
 
 def args(out, **kw):
@@ -99,7 +100,6 @@ def test_the_audit_table_covers_every_transformers_trainer_method():
     listed = [name for name, _, _ in rows]
     theirs = sorted(n for n in dir(transformers.Trainer) if not (n.startswith("__") and n.endswith("__")))
     assert sorted(listed) == theirs  # each once, none missing
-    tests_dir = Path(__file__).resolve().parent
     for name, status, tests in rows:
         status = status.strip()
         if status in ("same", "thin wrapper", "refused"):
@@ -107,7 +107,7 @@ def test_the_audit_table_covers_every_transformers_trainer_method():
         elif status == "not applicable":
             assert not hasattr(cadence.Trainer, name), name
         for file, _, test in re.findall(r"(test_\w+\.py)(::(\w+))?", tests):
-            source = tests_dir / file
+            source = Path(find_test_file(file))
             assert source.exists(), (name, file)
             if test:
                 assert f"def {test}(" in source.read_text(), (name, test)

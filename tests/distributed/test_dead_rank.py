@@ -9,8 +9,9 @@ import sys
 import time
 
 import pytest
+from repo_paths import TESTS, WORKERS
 
-HERE = os.path.dirname(__file__)
+HERE = TESTS
 
 
 def launch_pair(out, step, timeout, mode):
@@ -23,7 +24,7 @@ def launch_pair(out, step, timeout, mode):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, src]), "RANK": str(rank),
                "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dead_rank_worker.py"), str(out), str(step),
+        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "dead_rank_worker.py"), str(out), str(step),
                                        str(timeout), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     return procs

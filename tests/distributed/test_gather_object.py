@@ -11,8 +11,9 @@ import torch
 from dist_exit import assert_finished
 
 from cadence.evaluation import is_object_rows
+from repo_paths import TESTS
 
-HERE = os.path.dirname(__file__)
+HERE = TESTS
 
 
 def launch(nproc, out):

@@ -12,6 +12,7 @@ import pytest
 from dist_exit import HERE, launch, worker_env
 
 from test_fsdp import assert_same_training, result, run as run_worker
+from repo_paths import WORKERS
 
 ENV = worker_env()
 
@@ -34,7 +35,7 @@ def test_torchrun_two_nodes_hybrid_shard_equals_one_process(one_process, tmp_pat
     """Two torchrun agents, as on two machines (--nnodes 2 --node_rank i): hybrid_shard replicates across the
     nodes and shards inside each; the result is one process's."""
     port = free_port()
-    worker = [os.path.join(HERE, "fsdp_worker.py"), str(tmp_path), "--batch", "4", "--fsdp", "hybrid_shard auto_wrap"]
+    worker = [os.path.join(WORKERS, "fsdp_worker.py"), str(tmp_path), "--batch", "4", "--fsdp", "hybrid_shard auto_wrap"]
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
                                "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port), *worker],
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
@@ -55,7 +56,7 @@ def test_accelerate_launch_with_fsdp_config_file(one_process, tmp_path):
         "  fsdp_reshard_after_forward: true", "  fsdp_state_dict_type: FULL_STATE_DICT", "machine_rank: 0",
         "mixed_precision: 'no'", "num_machines: 1", "num_processes: 2", "use_cpu: true", ""]))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-           os.path.join(HERE, "fsdp_worker.py"), str(tmp_path / "run"), "--batch", "4"]
+           os.path.join(WORKERS, "fsdp_worker.py"), str(tmp_path / "run"), "--batch", "4"]
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     weights, logs = result(tmp_path / "run")

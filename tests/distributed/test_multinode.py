@@ -2,7 +2,7 @@
 job started the way SLURM's ``srun`` starts it (SLURM's variables only, set by hand). The decisions that steer
 collectives are taken once for the job: a restart that one node's agent counts and the other's does not resumes on
 both, from a checkpoint every node holds; ``srun``'s processes form one group. Each run is compared with the same job
-under ``torchrun --standalone --nproc_per_node 2`` that never stopped (tests/ddp_resume_worker.py)."""
+under ``torchrun --standalone --nproc_per_node 2`` that never stopped (tests/workers/ddp_resume_worker.py)."""
 
 import os
 import re
@@ -18,8 +18,9 @@ import torch
 from dist_exit import assert_finished
 
 from cadence.runtime.slurm import expand_nodelist, slurm_variables
+from repo_paths import WORKERS
 
-WORKER = os.path.join(dist_exit.HERE, "ddp_resume_worker.py")
+WORKER = os.path.join(WORKERS, "ddp_resume_worker.py")
 
 
 def free_port(low=None, high=None) -> int:
@@ -90,7 +91,7 @@ def test_a_two_node_restart_whose_agents_disagree_resumes_the_newest_checkpoint_
     it restarted. Each node writes its own disk (save_on_each_node), and at the restart checkpoint-4 is gone from
     process 1's: the main process's newest is not every process's, so both resume checkpoint-2, which both hold, with a
     warning, and end with the unbroken run's weights. (A shared disk takes the same path, with every checkpoint held
-    by all: tests/test_ddp_resume.py's torchrun restart.)"""
+    by all: tests/resume/test_ddp_resume.py's torchrun restart.)"""
     out = str(tmp_path / "run")
     codes, text, said = two_nodes(out, "--save-steps", "2", "--kill-rank1", "5", "--pause-rank0", "5",
                                   "--save-on-each-node", "--drop-on-rank1", "checkpoint-4", disks=True)

@@ -14,8 +14,9 @@ import os
 import pytest
 import torch
 from dist_exit import assert_finished, launch
+from repo_paths import TESTS
 
-DIR = os.path.dirname(os.path.abspath(__file__))
+DIR = TESTS
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO)
 # "TRL 1.16.0's `SFTTrainer`, `DPOTrainer`;": a library, its version, the trainers claimed for it
 CLAIM = re.compile(r"(TRL|sentence-transformers|setfit|GLiNER|PyLate|SpanMarker) (\d[\w.]*)'s ((?:`\w+`,?\s*)+)")
 PACKAGE = {"TRL": "trl", "sentence-transformers": "sentence-transformers", "setfit": "setfit", "GLiNER": "gliner",

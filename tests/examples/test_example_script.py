@@ -1,4 +1,4 @@
-"""A whole example script (tests/clm_example.py, in the style of HF's language-modeling example) runs on
+"""A whole example script (tests/workers/clm_example.py, in the style of HF's language-modeling example) runs on
 cadence with only the import changed, writes the files transformers writes with the same keys and values,
 parses the same from argv and from a JSON file, and resumes with --resume_from_checkpoint exactly."""
 

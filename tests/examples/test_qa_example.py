@@ -1,4 +1,4 @@
-"""The question-answering-style script (tests/qa_example.py: a tiny BERT, and a Trainer subclass that overrides
+"""The question-answering-style script (tests/workers/qa_example.py: a tiny BERT, and a Trainer subclass that overrides
 evaluate/predict around evaluation_loop and calls self.accelerator.gather/unwrap_model in compute_loss) runs on
 cadence and on transformers with only the import changed and gives the same weights, answers and metrics;
 resumed it ends bit-identical to the unbroken run; on two processes (torchrun, gloo) it gives the one-process

@@ -1,4 +1,4 @@
-"""The summarization-style script (tests/summarization_example.py: a tiny BART, Seq2SeqTrainer with
+"""The summarization-style script (tests/workers/summarization_example.py: a tiny BART, Seq2SeqTrainer with
 predict_with_generate and beam search) runs on cadence and on transformers with only the import changed and
 gives the same weights, generated text and metrics; resumed from a checkpoint it ends bit-identical to the
 unbroken run; on two processes (torchrun, gloo) it gives the one-process predictions and metrics."""

@@ -1,5 +1,5 @@
 """Pushes to the Hub through huggingface_hub itself, against a local HTTP server standing in for the Hub API
-(tests/hub_server.py; HF_ENDPOINT points at it). Each run is a subprocess (tests/hub_worker.py), since
+(tests/workers/hub_server.py; HF_ENDPOINT points at it). Each run is a subprocess (tests/workers/hub_worker.py), since
 huggingface_hub reads HF_ENDPOINT, HF_HUB_OFFLINE and HF_HUB_DISABLE_XET when it is imported."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 from hub_server import HubServer  # noqa: E402
+from repo_paths import TESTS, WORKERS
 
-HERE = os.path.dirname(__file__)
+HERE = TESTS
 SRC = os.path.join(os.path.dirname(HERE), "src")
 
 
@@ -26,7 +27,7 @@ def run_worker(mode: str, out: Path, options: dict, **env) -> tuple[dict, str]:
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, SRC]),
                "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", **env}
     environ.pop("HF_TOKEN", None)  # only the token the test passes
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "hub_worker.py"), mode, str(out), json.dumps(options)],
+    proc = subprocess.run([sys.executable, os.path.join(WORKERS, "hub_worker.py"), mode, str(out), json.dumps(options)],
                           env=environ, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr

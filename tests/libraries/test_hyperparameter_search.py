@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from cadence import Trainer, TrainerCallback
 from cadence.trainer_utils import BestRun, default_compute_objective
 from tiny import RegressionDataset, RegressionModel, args_with
+from repo_paths import TESTS
 
 optuna = pytest.importorskip("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -194,7 +195,7 @@ def test_ray_tune_two_trial_local_search(tmp_path, monkeypatch):
     from ray.tune.schedulers import ASHAScheduler
 
     # the workers import this module and tiny.py by name
-    here = os.path.dirname(__file__)
+    here = TESTS
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.path.join(here, "..", "src"), *sys.path]))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:

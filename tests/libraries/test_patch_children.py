@@ -26,8 +26,9 @@ import pytest
 import torch
 
 import dist_exit
+from repo_paths import TESTS, WORKERS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS
 ROOT = os.path.dirname(HERE)
 PTH = "cadence_patch.pth"
 MARK = "CADENCE_PATCH_TRANSFORMERS"
@@ -224,7 +225,7 @@ def test_cadence_run_without_the_hook_says_children_train_on_transformers(tmp_pa
     script starts trains on transformers."""
     python = make_venv(tmp_path / "bare", install=None)
     starter = tmp_path / "starter.py"
-    starter.write_text(f"import subprocess, sys\nsubprocess.run([sys.executable, {os.path.join(HERE, 'patch_child_worker.py')!r}, "
+    starter.write_text(f"import subprocess, sys\nsubprocess.run([sys.executable, {os.path.join(WORKERS, 'patch_child_worker.py')!r}, "
                        f"{str(tmp_path / 'out')!r}], check=True)\n")
     proc = run([python, "-m", "cadence", "run", starter], env=clean_env(PYTHONPATH=os.path.join(ROOT, "src")))
     assert "cadence_patch.pth is not in this Python's site-packages" in proc.stderr
@@ -286,7 +287,7 @@ def test_accelerate_launch_and_a_script_starting_torchrun_train_on_cadence_in_ev
     """`cadence run accelerate launch --num_processes 2 script.py` and `cadence run script.py` where the script starts
     torchrun itself: every rank builds its transformers.Trainer subclass on cadence and the run equals
     `torchrun -m cadence run script.py` (float64: 1e-5 is far above reduction-order noise, ~1e-15)."""
-    worker = os.path.join(HERE, "patch_child_worker.py")
+    worker = os.path.join(WORKERS, "patch_child_worker.py")
     outs = {name: tmp_path / name for name in ("torchrun", "accelerate", "own_torchrun")}
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "cadence", "run",
          worker, outs["torchrun"]], env=dist_exit.worker_env())

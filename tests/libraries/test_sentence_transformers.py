@@ -2,7 +2,7 @@
 sentence_transformers makes its four trainers (SentenceTransformer, CrossEncoder, SparseEncoder, MultiVectorEncoder) subclasses of cadence's Trainer; it then logs transformers'
 losses and ends on transformers' weights.
 
-Each comparison runs ``tests/st_worker.py`` twice in fresh processes (transformers' Trainer, then cadence's: a patch
+Each comparison runs ``tests/workers/st_worker.py`` twice in fresh processes (transformers' Trainer, then cadence's: a patch
 cannot be undone in one process), on a tiny BERT built from a config, ``tiny.word_tokenizer`` and local data: no Hub.
 Both do the same float32 arithmetic in the same order, so 1e-5 is far above what they differ by (0.0 measured) and far
 below a real difference (a dropped column, a different loss scaling move losses by 1e-2).

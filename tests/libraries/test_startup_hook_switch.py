@@ -16,8 +16,9 @@ import sys
 import sysconfig
 
 import pytest
+from repo_paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 MARK = "CADENCE_PATCH_TRANSFORMERS"
 
 

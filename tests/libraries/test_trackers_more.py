@@ -28,6 +28,7 @@ import pytest
 from cadence import Trainer, TrainerCallback, TrainingArguments
 from cadence.integrations import registry
 from tiny import RegressionDataset, RegressionModel, stop_at
+from repo_paths import TESTS, IMPORT_PATHS
 
 STEPS, SAVE = 8, 4
 
@@ -372,7 +373,7 @@ def test_clearml_offline_session_holds_hyperparameters_and_scalars(tmp_path):
     script.write_text(f"""
 import sys, json, faulthandler
 faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where
-sys.path[:0] = {[os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), '..', 'src')]!r}
+sys.path[:0] = {[*IMPORT_PATHS, os.path.join(TESTS, '..', 'src')]!r}
 from test_trackers_more import SAVE, Draws, draws_without_trackers, make_trainer, stop_at, tracker
 trainer = make_trainer({str(tmp_path / 'out')!r}, "clearml", callbacks=[Draws()])
 trainer.train()

@@ -1,7 +1,7 @@
 """TRL's trainers on cadence (issue 27): ``cadence.patch_transformers()`` before ``import trl`` makes every TRL trainer
 a subclass of cadence's Trainer; each one then logs transformers' losses and ends on transformers' weights.
 
-Each comparison runs ``tests/trl_worker.py`` twice in fresh processes (transformers' Trainer, then cadence's; a
+Each comparison runs ``tests/workers/trl_worker.py`` twice in fresh processes (transformers' Trainer, then cadence's; a
 patch cannot be undone inside one process), on a tiny Llama built from a config, a word-level tokenizer built here
 and ``datasets.Dataset.from_list`` data: no Hub. Both runs do the same float32 arithmetic in the same order, so
 1e-5 (absolute) is far above what they differ by (0.0 on this machine) and far below any real difference: the bugs
@@ -23,8 +23,9 @@ import pytest
 import torch
 
 import dist_exit
+from repo_paths import TESTS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS
 TOL = 1e-5
 # logged numbers that measure time; num_tokens (TRL adds to state.num_input_tokens_seen itself) is compared for GRPO
 # in test_grpo_num_tokens_matches_transformers

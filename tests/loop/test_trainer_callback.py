@@ -320,7 +320,7 @@ def test_handler_sees_callbacks_added_later_and_instance_overrides():
 
 
 def test_handler_calls_events_served_by_getattribute():
-    class Spy(TrainerCallback):  # answers every event through __getattribute__ (as tests/test_events.py does)
+    class Spy(TrainerCallback):  # answers every event through __getattribute__ (as tests/loop/test_events.py does)
         def __init__(self):
             self.seen = []
 

@@ -1,6 +1,6 @@
 """Each library resumes the other's checkpoints: stopped in one, finished in the other, the run ends
 where transformers' unbroken run ends, within float32 rounding (see WEIGHT_ATOL). Bit-identity is
-cadence's own promise (cadence resumed vs cadence unbroken: tests/test_resume.py); across two libraries
+cadence's own promise (cadence resumed vs cadence unbroken: tests/resume/test_resume.py); across two libraries
 it holds on some CPUs and not on others. Files, names and formats are shared: model.safetensors + config.json,
 optimizer.pt (same parameter-group order), scheduler.pt, rng_state.pth (transformers stores numpy's
 state as an array, cadence as a list: each loads the other's), trainer_state.json.

@@ -315,7 +315,7 @@ def test_iterable_dataset_resume_with_ignore_data_skip_restarts_the_stream(tmp_p
 
     out = str(tmp_path / "run")
     first, _ = run(out)
-    trainer, result = run(out, ignore_data_skip=True)  # (resuming without it: tests/test_stream_resume.py)
+    trainer, result = run(out, ignore_data_skip=True)  # (resuming without it: tests/resume/test_stream_resume.py)
     assert result.global_step == 6
     stream_x = RegressionDataset(64).x
     assert torch.equal(torch.cat(first.model.seen), stream_x[:12])  # steps 1-3: the stream's first 12 samples

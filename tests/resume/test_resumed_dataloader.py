@@ -11,6 +11,7 @@ from tiny import RegressionDataset, RegressionModel, make_args, stop_at
 from torch.utils.data import IterableDataset
 
 import cadence
+from repo_paths import REPO
 
 ROWS = RegressionDataset(64)
 ARGS = dict(num_train_epochs=3, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=0.05,
@@ -166,7 +167,7 @@ def test_the_readme_names_the_pinned_versions():
     import pathlib
     import re
 
-    root = pathlib.Path(__file__).parent.parent
+    root = pathlib.Path(REPO)
     pins = dict(re.findall(r"^([\w.-]+)==(\S+)$", (root / "constraints.txt").read_text(), re.M))
     pins["torch"] = re.search(r"TORCH\s+\?=\s+torch==(\S+)", (root / "Makefile").read_text()).group(1)
     line = next(line for line in (root / "README.md").read_text().splitlines() if "constraints.txt" in line)

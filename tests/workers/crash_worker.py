@@ -12,7 +12,8 @@ import time
 import torch
 
 torch.set_num_threads(1)
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 
 from test_resume import DropoutTagger, make_args  # noqa: E402
 from tiny import TokenDataset, pad_collate  # noqa: E402

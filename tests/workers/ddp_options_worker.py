@@ -8,7 +8,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 from dist_exit import say  # noqa: E402
 from tiny import TokenDataset, TokenTagger, pad_collate  # noqa: E402
 

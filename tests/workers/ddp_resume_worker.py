@@ -22,7 +22,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 from dist_exit import finish, say  # noqa: E402
 from test_resume import DropoutTagger, make_args  # noqa: E402
 from tiny import stop_at  # noqa: E402

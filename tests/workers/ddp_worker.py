@@ -4,7 +4,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, __import__("os").path.dirname(__file__))
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 from dist_exit import finish  # noqa: E402
 from tiny import Stream, TokenDataset, TokenTagger, TokenTaggerWithItems, pad_collate  # noqa: E402
 

@@ -29,7 +29,8 @@ if "WORLD_SIZE" not in os.environ:  # plain python: transformers' DeepSpeed need
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(s.getsockname()[1]))
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 from dist_exit import finish, say  # noqa: E402
 from tiny import LMDataset, lm_collate, tiny_gpt2  # noqa: E402
 

@@ -11,7 +11,8 @@ import shutil
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 from test_resume import train  # noqa: E402
 
 from cadence import TrainerCallback  # noqa: E402

@@ -6,7 +6,8 @@ import sys
 import torch
 from torch import nn
 
-sys.path.insert(0, __import__("os").path.dirname(__file__))
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 from dist_exit import finish_at_exit  # noqa: E402
 from tiny import RegressionDataset  # noqa: E402
 

@@ -31,7 +31,8 @@ import safetensors.torch
 import torch
 
 torch.set_num_threads(1)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 
 DELAY = {"write": 0.0, "fsync": 0.0}  # seconds; set per run by --slow
 

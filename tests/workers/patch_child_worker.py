@@ -2,8 +2,8 @@
 ``transformers.Trainer``. Whether it trains on cadence depends only on how it is launched (``cadence run``, or a
 parent that did, through the start-up hook); it records what it was built on.
 
-    python tests/patch_child_worker.py OUT_DIR            (or under torchrun / accelerate launch: every rank)
-    python tests/patch_child_worker.py OUT_DIR --torchrun N   (this process starts ``torchrun`` with N workers itself)
+    python tests/workers/patch_child_worker.py OUT_DIR            (or under torchrun / accelerate launch: every rank)
+    python tests/workers/patch_child_worker.py OUT_DIR --torchrun N   (this process starts ``torchrun`` with N workers itself)
 
 Each rank writes ``OUT_DIR/rank{R}.json``: its trainer class's MRO and the environment's mark; rank 0 writes
 ``OUT_DIR/result.pt`` (the logged losses and the final weights). float64: two layouts compare to 1e-5 and closer.
@@ -19,7 +19,8 @@ import sys
 import torch
 import transformers
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 import tiny  # noqa: E402
 
 

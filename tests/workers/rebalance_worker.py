@@ -8,7 +8,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 from dist_exit import finish  # noqa: E402
 from test_batch_rebalance import Indexed, Recorder  # noqa: E402
 from tiny import TokenTagger  # noqa: E402

@@ -14,7 +14,8 @@ from datetime import timedelta
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 from dist_exit import finish, say  # noqa: E402
 
 from cadence import TrainingArguments  # noqa: E402

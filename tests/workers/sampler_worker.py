@@ -1,7 +1,7 @@
 """A Trainer subclass whose ``_get_train_sampler`` returns its own sampler (TRL's ``RepeatSampler`` shape), on
 transformers' Trainer or (``--cadence``) cadence's, under torchrun.
 
-    torchrun --nproc_per_node=2 tests/sampler_worker.py OUT_DIR [--cadence] [--resume]
+    torchrun --nproc_per_node=2 tests/workers/sampler_worker.py OUT_DIR [--cadence] [--resume]
 
 Each rank writes ``OUT_DIR/rank{r}.pt``: the dataset indices it read, in order, the final epoch and step, and the
 final weights (float64); under cadence also the files it wrote under OUT_DIR (checkpoints, then ``save_model`` into

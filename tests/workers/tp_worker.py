@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+__import__("repo_paths").put_on_path()  # and its folders: test modules too
 import dist_exit  # noqa: E402  (faulthandler: an aborted worker prints its stacks)
 from tiny import LMDataset, lm_collate, stop_at  # noqa: E402
 

@@ -1,6 +1,6 @@
 """One TRL trainer on a tiny model, on transformers' Trainer or (``--cadence``) on cadence's, in its own process.
 
-    python tests/trl_worker.py CASE OUT_DIR [--cadence] [--max-steps N] [--resume] [--batch B]
+    python tests/workers/trl_worker.py CASE OUT_DIR [--cadence] [--max-steps N] [--resume] [--batch B]
 
 (or under torchrun: ``--batch`` is then the per-process batch).
 
@@ -23,7 +23,7 @@ import warnings
 def _library_tiny():
     """scripts/libraries/tiny.py, the library matrix's tiny models and data, loaded by path (tests/tiny.py is the
     ``tiny`` of the tests)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "libraries", "tiny.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "libraries", "tiny.py")
     spec = importlib.util.spec_from_file_location("library_tiny", path)
     module = sys.modules.setdefault("library_tiny", importlib.util.module_from_spec(spec))
     if not hasattr(module, "tokenizer"):

@@ -1,6 +1,6 @@
 """Checkpoints in Hugging Face's layout: written atomically, read safely, resumed exactly.
 
-A package in layers; each module imports only the ones before it in the list below (``tests/test_import_layers.py`` checks that no
+A package in layers; each module imports only the ones before it in the list below (``tests/docs/test_import_layers.py`` checks that no
 import cycle exists anywhere in cadence). The files' names and safe reading are ``cadence.checkpoint_io``, the
 package below this one and below the engines:
 
