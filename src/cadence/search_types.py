@@ -11,14 +11,9 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 
-class HPSearchBackend(str, Enum):
-    """Libraries ``Trainer.hyperparameter_search`` can run on (transformers' names; cadence runs optuna and ray).
-    A ``str`` enum as trainer_utils' strategies are (this module sits below trainer_utils, so not their base)."""
-
-    OPTUNA = "optuna"
-    RAY = "ray"
-    SIGOPT = "sigopt"
-    WANDB = "wandb"
+class _StrEnum(str, Enum):
+    """A `str` enum whose `str()` is its value and whose bad-value error lists the valid ones (the base of
+    trainer_utils' strategies too: it lives here, below them)."""
 
     def __str__(self) -> str:
         return self.value
@@ -27,6 +22,15 @@ class HPSearchBackend(str, Enum):
     def _missing_(cls, value: object) -> None:
         valid = ", ".join(repr(member.value) for member in cls)
         raise ValueError(f"{value!r} is not a valid {cls.__name__}; valid values are {valid}")
+
+
+class HPSearchBackend(_StrEnum):
+    """Libraries ``Trainer.hyperparameter_search`` can run on (transformers' names; cadence runs optuna and ray)."""
+
+    OPTUNA = "optuna"
+    RAY = "ray"
+    SIGOPT = "sigopt"
+    WANDB = "wandb"
 
 
 class BestRun(NamedTuple):

@@ -16,7 +16,6 @@ import random
 import re
 import time
 from collections.abc import Callable
-from enum import Enum
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,6 +27,7 @@ from .checkpoint_io.folders import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, r
 # hyperparameter search's types
 from .column_removal import RemoveColumnsCollator  # noqa: F401
 from .search_types import (  # noqa: F401
+    _StrEnum,
     BestRun,
     HPSearchBackend,
     default_compute_objective,
@@ -41,18 +41,6 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------
 # Strategies
 # --------------------------------------------------------------------------------------------
-class _StrEnum(str, Enum):
-    """A `str` enum whose `str()` is its value and whose bad-value error lists the valid ones."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def _missing_(cls, value: object) -> None:
-        valid = ", ".join(repr(member.value) for member in cls)
-        raise ValueError(f"{value!r} is not a valid {cls.__name__}; valid values are {valid}")
-
-
 class IntervalStrategy(_StrEnum):
     """When an interval event (logging, evaluation) happens."""
 
