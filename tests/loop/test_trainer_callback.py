@@ -68,7 +68,7 @@ def test_unknown_key_is_ignored_with_debug_log(tmp_path, caplog):
     data = dataclasses.asdict(_filled_state(TrainerState))
     data["from_the_future"] = 1
     (tmp_path / "s.json").write_text(json.dumps(data))
-    with caplog.at_level(logging.DEBUG, logger="cadence.trainer_callback"):
+    with caplog.at_level(logging.DEBUG, logger="cadence.trainer_state"):  # the state's own module
         loaded = TrainerState.load_from_json(tmp_path / "s.json")
     assert loaded == _filled_state(TrainerState)
     assert "from_the_future" in caplog.text

@@ -162,14 +162,17 @@ def test_without_an_override_cadence_skips_in_its_sampler(tmp_path):
     assert torch.equal(weights(resumed), weights(full))
 
 
-def test_the_readme_names_the_pinned_versions():
-    """The README's tested versions are constraints.txt's (and the Makefile's torch): the pin and the text move together."""
+def test_the_docs_name_the_pinned_versions():
+    """The tested versions the getting-started page names are constraints.txt's (and the Makefile's torch): the pin and
+    the text move together."""
     import pathlib
     import re
 
     root = pathlib.Path(REPO)
     pins = dict(re.findall(r"^([\w.-]+)==(\S+)$", (root / "constraints.txt").read_text(), re.M))
     pins["torch"] = re.search(r"TORCH\s+\?=\s+torch==(\S+)", (root / "Makefile").read_text()).group(1)
-    line = next(line for line in (root / "README.md").read_text().splitlines() if "constraints.txt" in line)
-    named = dict(re.findall(r"(transformers|accelerate|torch) (\d[\w.]*)", line))
-    assert named and all(pins[name] == version for name, version in named.items()), (named, line)
+    paragraphs = (root / "docs" / "getting-started.md").read_text().split("\n\n")
+    text = " ".join(next(p for p in paragraphs if "constraints.txt" in p).split())  # a paragraph wraps its lines
+    named = dict(re.findall(r"(transformers|accelerate|torch) (\d[\w.]*)", text))
+    assert set(named) == {"transformers", "accelerate", "torch"}, text
+    assert all(pins[name] == version for name, version in named.items()), (named, text)
