@@ -734,7 +734,7 @@ class Trainer(TransformersSurface):
         self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
         loop.learning_rate = self.optimizer.param_groups[0]["lr"]
         loop.skipped += not stepped
-        if stepped and not isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS):  # those step on eval metrics
+        if stepped and not optimization.steps_on_metric(self.lr_scheduler):  # those step on eval metrics
             self.lr_scheduler.step()
         for p in params:  # model.zero_grad(set_to_none=True), without walking the module tree every step
             p.grad = None
@@ -789,7 +789,7 @@ class Trainer(TransformersSurface):
         if getattr(self, "_trial", None) is not None:  # a search's trial (the same object as ``trial``)
             from . import hyperparameter_search
             hyperparameter_search.report(self, metrics)
-        if isinstance(self.lr_scheduler, optimization.METRIC_SCHEDULERS) and not skip_scheduler:
+        if optimization.steps_on_metric(self.lr_scheduler) and not skip_scheduler:
             self.lr_scheduler.step(evaluation.best_metric_value(metrics, self.args.metric_for_best_model or "loss"))
         return metrics
 

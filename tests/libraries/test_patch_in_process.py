@@ -82,19 +82,18 @@ CODE = textwrap.dedent("""
             classes.add(type(trainer).__module__)
         return seen, sorted(classes)
 
-    def greedy(out):
+    def greedy(out, lib=transformers):
         from transformers.optimization import GreedyLR  # as a script imports it: cadence's class while patched
 
         torch.manual_seed(0)
         model = Line()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         scheduler = GreedyLR(optimizer, factor=0.5, patience=1, cooldown=0)
-        args = transformers.TrainingArguments(out, num_train_epochs=4, per_device_train_batch_size=2,
+        args = lib.TrainingArguments(out, num_train_epochs=4, per_device_train_batch_size=2,
                                               per_device_eval_batch_size=2, eval_strategy="epoch",
                                               metric_for_best_model="eval_loss", logging_steps=1, report_to="none",
                                               save_strategy="no", use_cpu=True, disable_tqdm=True)
-        trainer = transformers.Trainer(model, args, train_dataset=data, eval_dataset=data,
-                                       optimizers=(optimizer, scheduler))
+        trainer = lib.Trainer(model, args, train_dataset=data, eval_dataset=data, optimizers=(optimizer, scheduler))
         trainer.train()
         return {"lrs": [round(log["learning_rate"], 8) for log in trainer.state.log_history if "loss" in log],
                 "eval_losses": [log["eval_loss"] for log in trainer.state.log_history if "eval_loss" in log],
@@ -106,8 +105,11 @@ CODE = textwrap.dedent("""
     after = [ours.parent.name, ours.level]
     reference = runs(sys.argv[1] + "/transformers")
     reference_greedy = greedy(sys.argv[1] + "/transformers-greedy")
+    import cadence
+    plain_greedy = greedy(sys.argv[1] + "/plain-greedy", lib=cadence)  # cadence's Trainer, transformers' GreedyLR
     print(json.dumps({"callbacks": callbacks, "patched": patched, "reference": reference, "before": before,
-                      "after": after, "patched_greedy": patched_greedy, "reference_greedy": reference_greedy}))
+                      "after": after, "patched_greedy": patched_greedy, "reference_greedy": reference_greedy,
+                      "plain_greedy": plain_greedy}))
 """)
 
 
@@ -148,6 +150,17 @@ def test_greedy_lr_from_transformers_steps_on_the_metric_as_in_transformers(seen
     ours, theirs = seen["patched_greedy"], seen["reference_greedy"]
     assert ours["scheduler"].startswith("cadence.") and theirs["scheduler"] == "transformers.optimization", seen
     assert len(set(theirs["lrs"])) > 1, theirs  # the schedule did change the lr: the comparison means something
+    assert ours["lrs"] == theirs["lrs"], (ours, theirs)
+    assert ours["eval_losses"] == pytest.approx(theirs["eval_losses"], rel=1e-5)
+    assert ours["a"] == pytest.approx(theirs["a"], rel=1e-5)
+
+
+def test_transformers_greedy_lr_on_an_unpatched_cadence_trainer_steps_on_the_metric(seen):
+    """Without the patch, a script may hand cadence's Trainer transformers' own ``GreedyLR``: it steps on the
+    evaluation metric too (before, cadence stepped it every optimizer step with no metric: TypeError), so the run
+    equals transformers' Trainer with the same scheduler."""
+    ours, theirs = seen["plain_greedy"], seen["reference_greedy"]
+    assert ours["scheduler"] == theirs["scheduler"] == "transformers.optimization", seen
     assert ours["lrs"] == theirs["lrs"], (ours, theirs)
     assert ours["eval_losses"] == pytest.approx(theirs["eval_losses"], rel=1e-5)
     assert ours["a"] == pytest.approx(theirs["a"], rel=1e-5)

@@ -27,7 +27,7 @@ from .requirements import (  # noqa: F401
     _OPTIONAL_PACKAGES, _package_available,
 )
 from .greedy import (  # noqa: F401
-    get_greedy_schedule, GreedyLR, METRIC_SCHEDULERS,
+    get_greedy_schedule, GreedyLR, METRIC_SCHEDULERS, steps_on_metric,
 )
 from .schedules import (  # noqa: F401
     get_constant_schedule, get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup,

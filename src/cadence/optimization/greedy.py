@@ -224,6 +224,13 @@ class GreedyLR:
 METRIC_SCHEDULERS = (ReduceLROnPlateau, GreedyLR)
 
 
+def steps_on_metric(scheduler: Any) -> bool:
+    """Whether the Trainer steps ``scheduler`` on the evaluation metric, not every optimizer step: torch's
+    ``ReduceLROnPlateau``, cadence's ``GreedyLR``, or transformers' own ``GreedyLR`` (a script without the patch
+    builds it from ``transformers.optimization``; known by its name, so transformers is never imported for it)."""
+    return isinstance(scheduler, METRIC_SCHEDULERS) or type(scheduler).__name__ == "GreedyLR"
+
+
 def get_greedy_schedule(optimizer: Optimizer, **kwargs: Any) -> GreedyLR:
     """A ``GreedyLR`` (metric-driven lr); ``kwargs`` are its options.
 
