@@ -30,7 +30,7 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -73,12 +73,12 @@ class Checkpointer:
             given by the Trainer, so that this package, below the data's, never imports them.
 
     Example:
-        >>> checkpointer = Checkpointer(trainer, data_states=loop_state.data_states)
+        >>> checkpointer = Checkpointer(trainer, None, loop_state.data_states)
         >>> checkpointer.save(model, loop)        # checkpoint-{global_step}, maybe in the background
         >>> checkpointer.poll(wait=True)          # written: on_save fired
     """
 
-    def __init__(self, trainer: Any, model_files: Any = None, data_states: Any = None):
+    def __init__(self, trainer: Any, model_files: Any, data_states: Callable[[Any, Any], dict]):
         self.trainer, self.model_files, self.data_states = trainer, model_files, data_states
         self.writer = BackgroundWriter()  # async_save: its snapshot buffers, its save in flight
         # a background save whose on_save has not fired (every process): its folder and the state as it was saved
