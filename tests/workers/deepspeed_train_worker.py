@@ -6,7 +6,7 @@ the imports and DeepSpeed's start once), on transformers or on cadence, each wri
 RUNS_JSON is a list of runs, each a dict: ``name`` (its folder under OUT), ``lib`` ("hf" or "cadence"),
 ``stage``, ``ga``, ``batch``, optional ``offload`` (ZeRO-Offload of the optimizer to the CPU), ``sections``
 (a list of the config's own sections, "optimizer" and/or "scheduler", their values "auto"), ``gather``
-(``stage3_gather_16bit_weights_on_model_save``), ``resume`` (a checkpoint folder under OUT to resume from). Every run
+(``stage3_gather_16bit_weights_on_model_save``), ``optim`` (the arguments' optimizer name), ``resume`` (a checkpoint folder under OUT to resume from). Every run
 trains to step 6 (44 rows, 4 a micro-batch over all processes, 2 micro-batches a step: the sixth step is the
 epoch's last, shorter window of one micro-batch) with a checkpoint at step 3, then ``save_model(OUT/name/final)``;
 rank 0 writes ``OUT/name/result.pt``: the per-step losses, grad norms and learning rates, the final weights (gathered by the
@@ -74,7 +74,7 @@ def train(out, run):
         folder, per_device_train_batch_size=run["batch"], gradient_accumulation_steps=run["ga"], max_steps=6,
         learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5,
         logging_steps=1, save_strategy="steps", save_steps=3, report_to="none", disable_tqdm=True, seed=7,
-        deepspeed=deepspeed_config(run))
+        deepspeed=deepspeed_config(run), **({"optim": run["optim"]} if "optim" in run else {}))
     model = tiny_gpt2(seed=3)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.loss_type = "ForCausalLM"  # transformers then counts the labels a causal LM predicts, as cadence does

@@ -90,11 +90,24 @@ class Backend:
         """A warning where ``optimizers=(...)`` given to the Trainer go unused (DeepSpeed's config sections)."""
         self.strategy.warn_unused_optimizers(optimizer, lr_scheduler)
 
-    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
-                         num_training_steps: int, scheduler_for: Callable[[Any], Any]) -> tuple[torch.nn.Module, Any, Any]:
-        """``prepare_model`` for ``train()``, returning the model, optimizer and scheduler the loop drives: the given
-        ones, or the engine's (DeepSpeed with ``optimizer``/``scheduler`` config sections, ``scheduler_for`` building
-        the arguments' schedule on its optimizer; see ``DeepSpeedEngine.prepare_training``)."""
+    # whether the engine builds the optimizer from its own config (a DeepSpeed ``optimizer`` section): then
+    # ``optim`` is never built, so it is not checked either (transformers never reads it there)
+    optimizer_from_config = property(lambda self: self.strategy.optimizer_from_config)
+
+    def prepare_training(self, model: torch.nn.Module, create_optimizer: Callable[[], Any],
+                         create_scheduler: Callable[[Any], Any], num_training_steps: int,
+                         scheduler_for: Callable[[Any], Any]) -> tuple[torch.nn.Module, Any, Any]:
+        """``prepare_model`` for ``train()``, returning the model, optimizer and scheduler the loop drives: the
+        Trainer's (``create_optimizer()``, ``create_scheduler(optimizer)``), or the engine's where it builds them
+        from its config instead (DeepSpeed's ``optimizer``/``scheduler`` sections: the Trainer's are then not
+        built at all; ``scheduler_for`` builds the arguments' schedule on DeepSpeed's optimizer; see
+        ``DeepSpeedEngine.prepare_training``).
+
+        Example:
+            >>> model, optimizer, scheduler = backend.prepare_training(
+            ...     model, trainer.create_optimizer, lambda o: trainer.create_scheduler(10, o), 10, None)
+        """
+        optimizer, lr_scheduler = self.strategy.create_optimizers(create_optimizer, create_scheduler)
         self._set_up(model, optimizer)
         return self.strategy.prepare_training(model, optimizer, lr_scheduler, num_training_steps, scheduler_for)
 

@@ -40,6 +40,7 @@ class DeepSpeedEngine(DataParallel):
         super().__init__(args, accelerator, device)
         self._args, self.deepspeed = args, config
         self.shards_parameters = str(config.get("zero_optimization", {}).get("stage")) == "3"  # ZeRO-3
+        self.optimizer_from_config = "optimizer" in config
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> torch.nn.Module:
         """The engine (made once, stepping ``optimizer``: ZeRO partitions its state); without an optimizer, the
@@ -51,7 +52,18 @@ class DeepSpeedEngine(DataParallel):
             self.engine, _ = self.accelerator.prepare(model, optimizer)
         return self.engine
 
-    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+    def create_optimizers(self, create_optimizer: Callable[[], Any],
+                          create_scheduler: Callable[[Any], Any]) -> tuple[Any, Any]:
+        """As transformers (``deepspeed_optim_sched``): none of the Trainer's where the config has an ``optimizer``
+        section (an ``optim`` whose package is not installed trains, as there); only the Trainer's optimizer where
+        it has a ``scheduler`` section; both otherwise."""
+        if "optimizer" in self.deepspeed:
+            return None, None  # DeepSpeed builds both: the section's, or the arguments' schedule on its optimizer
+        if "scheduler" in self.deepspeed:
+            return create_optimizer(), None
+        return super().create_optimizers(create_optimizer, create_scheduler)
+
+    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, lr_scheduler: Any,
                          num_training_steps: int, scheduler_for: Callable[[Any], Any]) -> tuple[torch.nn.Module, Any, Any]:
         """The engine, with the optimizer and scheduler it steps: the given ones, or, where the config has an
         ``optimizer`` or ``scheduler`` section, the engine's, built as transformers has them built
