@@ -712,7 +712,7 @@ class Trainer(TransformersSurface):
         size = loop.micro_batch_rows or loop.layout.train_batch_size
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
-        model.zero_grad(set_to_none=True)  # the failed attempt's partial gradients must not count
+        self.backend.drop_gradients(model, error)  # the failed attempt's partial gradients must not count
         self.backend.free_memory()
         loop.micro_batch_rows = self.state.train_batch_size = int(size * 0.9)
         per_batch = -(-loop.layout.train_batch_size // loop.micro_batch_rows)

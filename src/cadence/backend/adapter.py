@@ -177,6 +177,11 @@ class Backend:
         """After an out-of-memory error: see :func:`free_memory`."""
         free_memory(self.device)
 
+    def drop_gradients(self, model: torch.nn.Module, error: BaseException) -> None:
+        """Discard the partial gradients of a step that ran out of memory (``error``), so that
+        ``auto_find_batch_size`` can redo it in smaller micro-batches; raises where the engine cannot (DeepSpeed)."""
+        self.strategy.drop_gradients(model, error)
+
     def pin_memory(self, requested: bool) -> bool:
         """Whether dataloaders pin host memory: when ``requested`` and the batches go to a CUDA device (not a CPU)."""
         return requested and self.device.type == "cuda"
