@@ -712,8 +712,7 @@ class Trainer(TransformersSurface):
         size = loop.micro_batch_rows or loop.layout.train_batch_size
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
-        self.backend.drop_gradients(model, error)  # the failed attempt's partial gradients must not count
-        self.backend.free_memory()
+        self.backend.free_memory(model, error)  # the failed attempt's partial gradients must not count
         loop.micro_batch_rows = self.state.train_batch_size = int(size * 0.9)
         per_batch = -(-loop.layout.train_batch_size // loop.micro_batch_rows)
         logger.warning(

@@ -55,6 +55,7 @@ class Backend:
     is_main_process = property(lambda self: self.process_index == 0)
     deepspeed = property(lambda self: self.strategy.deepspeed, doc="DeepSpeed's config (\"auto\" filled), or None")
     engine = property(lambda self: self.strategy.engine, doc="the DeepSpeed engine, once ``prepare_model`` made it")
+    optimizer_from_config = property(lambda self: self.strategy.optimizer_from_config, doc="DeepSpeed's own optimizer")
     # whether each process holds only part of the weights (FSDP, ZeRO-3): generation then needs ``synced_gpus``
     shards_parameters = property(lambda self: self.strategy.shards_parameters)
     # whether ``async_save`` may write a checkpoint from a background thread (not DeepSpeed's own collectives)
@@ -90,23 +91,9 @@ class Backend:
         """A warning where ``optimizers=(...)`` given to the Trainer go unused (DeepSpeed's config sections)."""
         self.strategy.warn_unused_optimizers(optimizer, lr_scheduler)
 
-    # whether the engine builds the optimizer from its own config (a DeepSpeed ``optimizer`` section): then
-    # ``optim`` is never built, so it is not checked either (transformers never reads it there)
-    optimizer_from_config = property(lambda self: self.strategy.optimizer_from_config)
-
-    def prepare_training(self, model: torch.nn.Module, create_optimizer: Callable[[], Any],
-                         create_scheduler: Callable[[Any], Any], num_training_steps: int,
-                         scheduler_for: Callable[[Any], Any]) -> tuple[torch.nn.Module, Any, Any]:
-        """``prepare_model`` for ``train()``, returning the model, optimizer and scheduler the loop drives: the
-        Trainer's (``create_optimizer()``, ``create_scheduler(optimizer)``), or the engine's where it builds them
-        from its config instead (DeepSpeed's ``optimizer``/``scheduler`` sections: the Trainer's are then not
-        built at all; ``scheduler_for`` builds the arguments' schedule on DeepSpeed's optimizer; see
-        ``DeepSpeedEngine.prepare_training``).
-
-        Example:
-            >>> model, optimizer, scheduler = backend.prepare_training(
-            ...     model, trainer.create_optimizer, lambda o: trainer.create_scheduler(10, o), 10, None)
-        """
+    def prepare_training(self, model: torch.nn.Module, create_optimizer: Callable, create_scheduler: Callable,
+                         num_training_steps: int, scheduler_for: Callable) -> tuple[torch.nn.Module, Any, Any]:
+        """``prepare_model`` for ``train()``: the model, optimizer and scheduler to drive (``Strategy.create_optimizers``)."""
         optimizer, lr_scheduler = self.strategy.create_optimizers(create_optimizer, create_scheduler)
         self._set_up(model, optimizer)
         return self.strategy.prepare_training(model, optimizer, lr_scheduler, num_training_steps, scheduler_for)
@@ -173,14 +160,10 @@ class Backend:
         """Return the device's cached free memory to the driver (``torch_empty_cache_steps``); nothing on a CPU."""
         empty_cache(self.device)
 
-    def free_memory(self) -> None:
-        """After an out-of-memory error: see :func:`free_memory`."""
-        free_memory(self.device)
-
-    def drop_gradients(self, model: torch.nn.Module, error: BaseException) -> None:
-        """Discard the partial gradients of a step that ran out of memory (``error``), so that
-        ``auto_find_batch_size`` can redo it in smaller micro-batches; raises where the engine cannot (DeepSpeed)."""
+    def free_memory(self, model: torch.nn.Module | None = None, error: BaseException | None = None) -> None:
+        """After an out-of-memory ``error``: ``model``'s step gradients dropped (``Strategy.drop_gradients``), memory freed."""
         self.strategy.drop_gradients(model, error)
+        free_memory(self.device)
 
     def pin_memory(self, requested: bool) -> bool:
         """Whether dataloaders pin host memory: when ``requested`` and the batches go to a CUDA device (not a CPU)."""

@@ -95,10 +95,10 @@ class DeepSpeedEngine(DataParallel):
         if reason is not None:
             logger.warning(reason)
 
-    def drop_gradients(self, model: torch.nn.Module, error: BaseException) -> None:
-        """The engine's partial gradients cannot be discarded (``_NO_SMALLER_STEPS``): the out-of-memory error is
-        raised again, saying so."""
-        if self.engine is None:
+    def drop_gradients(self, model: torch.nn.Module | None, error: BaseException | None) -> None:
+        """The engine's partial gradients of a training step cannot be discarded (``_NO_SMALLER_STEPS``): the
+        out-of-memory error is raised again, saying so."""
+        if self.engine is None or model is None:  # no engine yet, or an evaluation: no gradients
             super().drop_gradients(model, error)
             return
         raise torch.OutOfMemoryError(f"{error}\n{_NO_SMALLER_STEPS}") from error

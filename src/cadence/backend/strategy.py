@@ -82,10 +82,11 @@ class Strategy:
         here; DeepSpeed may build its own)."""
         return self.prepare(model, optimizer), optimizer, lr_scheduler
 
-    def drop_gradients(self, model: torch.nn.Module, error: BaseException) -> None:
-        """Discard the partial gradients of a step that ran out of memory (``error``): they live on the
-        parameters."""
-        model.zero_grad(set_to_none=True)
+    def drop_gradients(self, model: torch.nn.Module | None, error: BaseException | None) -> None:
+        """Discard the partial gradients of a training step of ``model`` that ran out of memory (``error``), so
+        ``auto_find_batch_size`` can redo it: they live on the parameters (None: evaluation, nothing to drop)."""
+        if model is not None:
+            model.zero_grad(set_to_none=True)
 
     def warn_unused_optimizers(self, optimizer: Any, lr_scheduler: Any) -> None:
         """Warn where ``optimizers=(...)`` given to the Trainer go unused (only DeepSpeed replaces them)."""
