@@ -6,8 +6,8 @@ checkpoint at step 3 that a second run resumes from.
 Two launches serve every check (deepspeed_train_worker.py runs several trainings in one process): one process
 (transformers' references and cadence's ZeRO-1, ZeRO-2, ZeRO-2 with optimizer offload, ZeRO-2 with the config's
 own optimizer and/or scheduler sections (one beside an ``optim`` that cannot be built), a resume of a
-transformers-written checkpoint, and ``auto_find_batch_size`` with a step that runs out of memory) and two processes under
-torchrun (cadence's ZeRO-2 and ZeRO-3).
+transformers-written checkpoint, and ``auto_find_batch_size`` with a step that runs out of memory) and two processes
+under torchrun (cadence's ZeRO-2 and ZeRO-3).
 
 Tolerances. On one process, cadence and transformers run the same DeepSpeed operations in the same order: the
 weights and grad norms are equal bit for bit, the logged losses to 1e-6 (transformers adds the step's float32

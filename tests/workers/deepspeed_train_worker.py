@@ -8,10 +8,10 @@ RUNS_JSON is a list of runs, each a dict: ``name`` (its folder under OUT), ``lib
 (a list of the config's own sections, "optimizer" and/or "scheduler", their values "auto"), ``gather``
 (``stage3_gather_16bit_weights_on_model_save``), ``optim`` (the arguments' optimizer name), ``oom_after``
 (``auto_find_batch_size=True``, and the model runs out of memory on batches above 2 rows after that many forward
-passes: the run's error and cadence's warnings are recorded instead of its weights), ``resume`` (a checkpoint folder under OUT to resume from). Every run
-trains to step 6 (44 rows, 4 a micro-batch over all processes, 2 micro-batches a step: the sixth step is the
-epoch's last, shorter window of one micro-batch) with a checkpoint at step 3, then ``save_model(OUT/name/final)``;
-rank 0 writes ``OUT/name/result.pt``: the per-step losses, grad norms and learning rates, the final weights (gathered by the
+passes: the run's error and cadence's warnings are recorded instead of its weights), ``resume`` (a checkpoint
+folder under OUT to resume from). Every run trains to step 6 (44 rows, 4 a micro-batch over all processes, 2
+micro-batches a step: the sixth step is the epoch's last, shorter window of one micro-batch) with a checkpoint at
+step 3, then ``save_model(OUT/name/final)``; rank 0 writes ``OUT/name/result.pt``: the per-step losses, grad norms and learning rates, the final weights (gathered by the
 engine), how far they moved from the initial ones, and whether ``from_pretrained`` reads save_model's
 ``model.safetensors`` as them.
 """

@@ -55,7 +55,7 @@ class Backend:
     is_main_process = property(lambda self: self.process_index == 0)
     deepspeed = property(lambda self: self.strategy.deepspeed, doc="DeepSpeed's config (\"auto\" filled), or None")
     engine = property(lambda self: self.strategy.engine, doc="the DeepSpeed engine, once ``prepare_model`` made it")
-    optimizer_from_config = property(lambda self: self.strategy.optimizer_from_config, doc="DeepSpeed's own optimizer")
+    optimizer_from_config = property(lambda self: self.strategy.optimizer_from_config, doc="DeepSpeed's config builds it")
     # whether each process holds only part of the weights (FSDP, ZeRO-3): generation then needs ``synced_gpus``
     shards_parameters = property(lambda self: self.strategy.shards_parameters)
     # whether ``async_save`` may write a checkpoint from a background thread (not DeepSpeed's own collectives)

@@ -26,8 +26,8 @@ _NO_SMALLER_STEPS = (
     "auto_find_batch_size=True under deepspeed=...: cadence cannot redo a training step that ran out of memory in "
     "smaller micro-batches there (DeepSpeed's engine keeps the gradients of the step's earlier micro-batches in "
     "buffers of its own, reduced into its partitions under ZeRO-2 and -3, and has no way to discard them), so an "
-    "out-of-memory error stops the run; set a "
-    "smaller per_device_train_batch_size with a larger gradient_accumulation_steps (the same global batch) instead")
+    "out-of-memory error stops the run; set a smaller per_device_train_batch_size with a larger "
+    "gradient_accumulation_steps (the same global batch) instead")
 
 
 class DeepSpeedEngine(DataParallel):
