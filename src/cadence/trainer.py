@@ -231,7 +231,7 @@ class Trainer(TransformersSurface):
                 "would leave the others waiting at the gradient all-reduce; set auto_find_batch_size=False and choose "
                 "per_device_train_batch_size yourself"
             )
-        if self.optimizer is None and self.optimizer_cls_and_kwargs is None:
+        if self.optimizer is None and self.optimizer_cls_and_kwargs is None and not self.backend.optimizer_from_config:
             optimization.check_optimizer(str(getattr(args.optim, "value", args.optim)))
         checks.check_optimizers(self.model, self.optimizer, self.lr_scheduler)
         self.backend.warn_unused_optimizers(self.optimizer, self.lr_scheduler)
@@ -548,10 +548,11 @@ class Trainer(TransformersSurface):
             args, layout, len(train_dataloader) if has_length(train_dataloader) else None, self.train_dataset)
         if self._created_lr_scheduler:  # a finished schedule would train at its last rate (often 0)
             self.lr_scheduler, self._created_lr_scheduler = None, False
-        self.create_optimizer_and_scheduler(max_steps)
-        # under DeepSpeed with optimizer/scheduler sections in its config, the engine's own replace them
+        # the optimizer and schedule built (create_optimizer, create_scheduler) and the model prepared; under
+        # DeepSpeed with optimizer/scheduler sections in its config, the engine builds its own instead of those
         model, self.optimizer, self.lr_scheduler = self.backend.prepare_training(
-            self.model, self.optimizer, self.lr_scheduler, max_steps, functools.partial(self._new_scheduler, max_steps))
+            self.model, self.create_optimizer, functools.partial(self.create_scheduler, max_steps), max_steps,
+            functools.partial(self._new_scheduler, max_steps))
         self.model_wrapped = model
 
         self.state = TrainerState(
@@ -711,8 +712,7 @@ class Trainer(TransformersSurface):
         size = loop.micro_batch_rows or loop.layout.train_batch_size
         if not (self.args.auto_find_batch_size and _is_out_of_memory(error)) or size <= 1:
             raise error
-        model.zero_grad(set_to_none=True)  # the failed attempt's partial gradients must not count
-        self.backend.free_memory()
+        self.backend.free_memory(model, error)  # the failed attempt's partial gradients must not count
         loop.micro_batch_rows = self.state.train_batch_size = int(size * 0.9)
         per_batch = -(-loop.layout.train_batch_size // loop.micro_batch_rows)
         logger.warning(

@@ -5,8 +5,9 @@ checkpoint at step 3 that a second run resumes from.
 
 Two launches serve every check (deepspeed_train_worker.py runs several trainings in one process): one process
 (transformers' references and cadence's ZeRO-1, ZeRO-2, ZeRO-2 with optimizer offload, ZeRO-2 with the config's
-own optimizer and/or scheduler sections, and a resume of a transformers-written checkpoint) and two processes under
-torchrun (cadence's ZeRO-2 and ZeRO-3).
+own optimizer and/or scheduler sections (one beside an ``optim`` that cannot be built), a resume of a
+transformers-written checkpoint, and ``auto_find_batch_size`` with a step that runs out of memory) and two processes
+under torchrun (cadence's ZeRO-2 and ZeRO-3).
 
 Tolerances. On one process, cadence and transformers run the same DeepSpeed operations in the same order: the
 weights and grad norms are equal bit for bit, the logged losses to 1e-6 (transformers adds the step's float32
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.slow
 
 
 BOTH = ["optimizer", "scheduler"]
+UNBUILT = "adamw_anyprecision"  # needs torchdistx, which is not on PyPI; cadence does not build it either
 
 
 def run(name, lib, stage, batch=4, **extra):
@@ -51,6 +53,11 @@ ONE = [
     run("cdsr", "cadence", 2, sections=BOTH, resume="cds/checkpoint-3"),
     run("hfso", "hf", 2, sections=["optimizer"]), run("cdso", "cadence", 2, sections=["optimizer"]),
     run("hfss", "hf", 2, sections=["scheduler"]), run("cdss", "cadence", 2, sections=["scheduler"]),
+    # an optim the sections replace, whose package (torchdistx) is not installed: never built, as in transformers
+    run("hfsx", "hf", 2, sections=BOTH, optim=UNBUILT), run("cdsx", "cadence", 2, sections=BOTH, optim=UNBUILT),
+    # auto_find_batch_size, out of memory in step 2's second micro-batch (its first one's gradients are in ZeRO-2's
+    # partitions): last, as it stops with an error
+    run("cdm", "cadence", 2, oom_after=3),
 ]
 TWO = [  # 2 processes x 2 rows: the global batch of ONE's 4 rows
     run("cd2", "cadence", 2, batch=2), run("cd2r", "cadence", 2, batch=2, resume="cd2/checkpoint-3"),
@@ -96,7 +103,7 @@ def test_one_process_trains_as_transformers(one, hf, cd):
     assert results[hf]["moved"] > 1e-3  # the runs trained: the weights moved from the initial model's
 
 
-@pytest.mark.parametrize("hf,cd", [("hfs", "cds"), ("hfso", "cdso"), ("hfss", "cdss")])
+@pytest.mark.parametrize("hf,cd", [("hfs", "cds"), ("hfso", "cdso"), ("hfss", "cdss"), ("hfsx", "cdsx")])
 def test_config_optimizer_and_scheduler_sections_train_as_transformers(one, hf, cd):
     """DeepSpeed builds the optimizer and/or the schedule from the config's sections, their "auto" values filled
     from the arguments; the engine steps the schedule, so the rate logged after a step is the next one's."""
@@ -104,6 +111,23 @@ def test_config_optimizer_and_scheduler_sections_train_as_transformers(one, hf, 
     assert_same_run(results[cd], results[hf])
     assert results[cd]["learning_rates"] == results[hf]["learning_rates"]
     assert len(set(results[hf]["learning_rates"])) > 2 and results[hf]["moved"] > 1e-3  # scheduled, trained
+
+
+def test_auto_find_batch_size_is_warned_and_an_out_of_memory_step_stops_with_the_fix(one):
+    """cadence cannot redo a step in smaller micro-batches under DeepSpeed (the engine keeps the earlier micro-batches'
+    gradients in buffers it cannot discard): auto_find_batch_size is allowed, as transformers allows it, with a
+    warning before step 1, and an out-of-memory error stops the run naming both fields and the fix (it was a
+    TypeError from the engine's zero_grad)."""
+    _, results = one
+    result = results["cdm"]
+    fields = ("auto_find_batch_size=True under deepspeed=...", "per_device_train_batch_size",
+              "gradient_accumulation_steps")
+    assert result["error"].startswith("OutOfMemoryError: CUDA out of memory (injected: batch 4 > 2)")
+    assert all(field in result["error"] for field in fields), result["error"]
+    assert any(all(field in w for field in fields) and "trains as with auto_find_batch_size=False" in w
+               for w in result["warnings"]), result["warnings"]
+    assert result["forwards"] == 4  # not retried: the 4th forward (step 2's second micro-batch) ran out of memory
+    assert result["losses"] == results["cd2"]["losses"][:1]  # until then, trained as without auto_find_batch_size
 
 
 @pytest.mark.parametrize("hf,cd", [("hf2", "cd2"), ("hf3", "cd3"), ("hf3n", "cd3n")])

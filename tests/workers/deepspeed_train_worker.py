@@ -6,10 +6,12 @@ the imports and DeepSpeed's start once), on transformers or on cadence, each wri
 RUNS_JSON is a list of runs, each a dict: ``name`` (its folder under OUT), ``lib`` ("hf" or "cadence"),
 ``stage``, ``ga``, ``batch``, optional ``offload`` (ZeRO-Offload of the optimizer to the CPU), ``sections``
 (a list of the config's own sections, "optimizer" and/or "scheduler", their values "auto"), ``gather``
-(``stage3_gather_16bit_weights_on_model_save``), ``resume`` (a checkpoint folder under OUT to resume from). Every run
-trains to step 6 (44 rows, 4 a micro-batch over all processes, 2 micro-batches a step: the sixth step is the
-epoch's last, shorter window of one micro-batch) with a checkpoint at step 3, then ``save_model(OUT/name/final)``;
-rank 0 writes ``OUT/name/result.pt``: the per-step losses, grad norms and learning rates, the final weights (gathered by the
+(``stage3_gather_16bit_weights_on_model_save``), ``optim`` (the arguments' optimizer name), ``oom_after``
+(``auto_find_batch_size=True``, and the model runs out of memory on batches above 2 rows after that many forward
+passes: the run's error and cadence's warnings are recorded instead of its weights), ``resume`` (a checkpoint
+folder under OUT to resume from). Every run trains to step 6 (44 rows, 4 a micro-batch over all processes, 2
+micro-batches a step: the sixth step is the epoch's last, shorter window of one micro-batch) with a checkpoint at
+step 3, then ``save_model(OUT/name/final)``; rank 0 writes ``OUT/name/result.pt``: the per-step losses, grad norms and learning rates, the final weights (gathered by the
 engine), how far they moved from the initial ones, and whether ``from_pretrained`` reads save_model's
 ``model.safetensors`` as them.
 """
@@ -74,8 +76,11 @@ def train(out, run):
         folder, per_device_train_batch_size=run["batch"], gradient_accumulation_steps=run["ga"], max_steps=6,
         learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5,
         logging_steps=1, save_strategy="steps", save_steps=3, report_to="none", disable_tqdm=True, seed=7,
-        deepspeed=deepspeed_config(run))
+        deepspeed=deepspeed_config(run), **({"optim": run["optim"]} if "optim" in run else {}),
+        auto_find_batch_size="oom_after" in run)
     model = tiny_gpt2(seed=3)
+    if "oom_after" in run:
+        return out_of_memory(run, folder, lib, args, model)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.loss_type = "ForCausalLM"  # transformers then counts the labels a causal LM predicts, as cadence does
     trainer = lib.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=lm_collate)
@@ -90,6 +95,41 @@ def train(out, run):
                     "learning_rates": [h["learning_rate"] for h in logs],
                     "moved": max((v - start[k]).abs().max().item() for k, v in weights.items()),
                     "reloaded_equal": None}, os.path.join(folder, "result.pt"))
+    say(f"DONE {run['name']}")
+
+
+def out_of_memory(run, folder, lib, args, model):
+    """Train until the model runs out of memory (injected, as a device would raise it, after ``oom_after``
+    forward passes on batches above 2 rows); record the error, cadence's warnings and the steps logged before."""
+    import logging
+
+    calls = []
+
+    def forward_pre_hook(module, positional, named):
+        calls.append(1)
+        rows = named["input_ids"].shape[0]
+        if rows > 2 and len(calls) > run["oom_after"]:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected: batch {rows} > 2)")
+
+    model.register_forward_pre_hook(forward_pre_hook, with_kwargs=True)
+    model.loss_type = "ForCausalLM"
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger(lib.__name__).addHandler(handler)
+    try:
+        trainer = lib.Trainer(model=model, args=args, train_dataset=LMDataset(44), data_collator=lm_collate)
+        try:
+            trainer.train()
+            error = None
+        except Exception as e:  # noqa: BLE001 - recorded for the test: which error, saying what
+            error = f"{type(e).__name__}: {e}"
+    finally:
+        logging.getLogger(lib.__name__).removeHandler(handler)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    os.makedirs(folder, exist_ok=True)
+    torch.save({"error": error, "warnings": warnings, "losses": [h["loss"] for h in logs], "forwards": len(calls)},
+               os.path.join(folder, "result.pt"))
     say(f"DONE {run['name']}")
 
 

@@ -55,6 +55,7 @@ class Backend:
     is_main_process = property(lambda self: self.process_index == 0)
     deepspeed = property(lambda self: self.strategy.deepspeed, doc="DeepSpeed's config (\"auto\" filled), or None")
     engine = property(lambda self: self.strategy.engine, doc="the DeepSpeed engine, once ``prepare_model`` made it")
+    optimizer_from_config = property(lambda self: self.strategy.optimizer_from_config, doc="DeepSpeed's config builds it")
     # whether each process holds only part of the weights (FSDP, ZeRO-3): generation then needs ``synced_gpus``
     shards_parameters = property(lambda self: self.strategy.shards_parameters)
     # whether ``async_save`` may write a checkpoint from a background thread (not DeepSpeed's own collectives)
@@ -90,11 +91,10 @@ class Backend:
         """A warning where ``optimizers=(...)`` given to the Trainer go unused (DeepSpeed's config sections)."""
         self.strategy.warn_unused_optimizers(optimizer, lr_scheduler)
 
-    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
-                         num_training_steps: int, scheduler_for: Callable[[Any], Any]) -> tuple[torch.nn.Module, Any, Any]:
-        """``prepare_model`` for ``train()``, returning the model, optimizer and scheduler the loop drives: the given
-        ones, or the engine's (DeepSpeed with ``optimizer``/``scheduler`` config sections, ``scheduler_for`` building
-        the arguments' schedule on its optimizer; see ``DeepSpeedEngine.prepare_training``)."""
+    def prepare_training(self, model: torch.nn.Module, create_optimizer: Callable, create_scheduler: Callable,
+                         num_training_steps: int, scheduler_for: Callable) -> tuple[torch.nn.Module, Any, Any]:
+        """``prepare_model`` for ``train()``: the model, optimizer and scheduler to drive (``Strategy.create_optimizers``)."""
+        optimizer, lr_scheduler = self.strategy.create_optimizers(create_optimizer, create_scheduler)
         self._set_up(model, optimizer)
         return self.strategy.prepare_training(model, optimizer, lr_scheduler, num_training_steps, scheduler_for)
 
@@ -160,8 +160,9 @@ class Backend:
         """Return the device's cached free memory to the driver (``torch_empty_cache_steps``); nothing on a CPU."""
         empty_cache(self.device)
 
-    def free_memory(self) -> None:
-        """After an out-of-memory error: see :func:`free_memory`."""
+    def free_memory(self, model: torch.nn.Module | None = None, error: BaseException | None = None) -> None:
+        """After an out-of-memory ``error``: ``model``'s step gradients dropped (``Strategy.drop_gradients``), memory freed."""
+        self.strategy.drop_gradients(model, error)
         free_memory(self.device)
 
     def pin_memory(self, requested: bool) -> bool:

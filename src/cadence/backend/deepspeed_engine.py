@@ -21,6 +21,15 @@ from .deepspeed import deepspeed_config, deepspeed_optimizers, unused_given_opti
 logger = logging.getLogger(__name__)
 
 
+# why auto_find_batch_size cannot redo a training step under DeepSpeed, and the fix
+_NO_SMALLER_STEPS = (
+    "auto_find_batch_size=True under deepspeed=...: cadence cannot redo a training step that ran out of memory in "
+    "smaller micro-batches there (DeepSpeed's engine keeps the gradients of the step's earlier micro-batches in "
+    "buffers of its own, reduced into its partitions under ZeRO-2 and -3, and has no way to discard them), so an "
+    "out-of-memory error stops the run; set a smaller per_device_train_batch_size with a larger "
+    "gradient_accumulation_steps (the same global batch) instead")
+
+
 class DeepSpeedEngine(DataParallel):
     """DeepSpeed (ZeRO) through accelerate, on one process or several, on whichever accelerator DeepSpeed picked.
 
@@ -40,6 +49,9 @@ class DeepSpeedEngine(DataParallel):
         super().__init__(args, accelerator, device)
         self._args, self.deepspeed = args, config
         self.shards_parameters = str(config.get("zero_optimization", {}).get("stage")) == "3"  # ZeRO-3
+        self.optimizer_from_config = "optimizer" in config
+        if args.auto_find_batch_size:  # allowed, as transformers allows it, but it cannot redo a step here
+            logger.warning(_NO_SMALLER_STEPS + "; this run trains as with auto_find_batch_size=False")
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> torch.nn.Module:
         """The engine (made once, stepping ``optimizer``: ZeRO partitions its state); without an optimizer, the
@@ -51,7 +63,18 @@ class DeepSpeedEngine(DataParallel):
             self.engine, _ = self.accelerator.prepare(model, optimizer)
         return self.engine
 
-    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+    def create_optimizers(self, create_optimizer: Callable[[], Any],
+                          create_scheduler: Callable[[Any], Any]) -> tuple[Any, Any]:
+        """As transformers (``deepspeed_optim_sched``): none of the Trainer's where the config has an ``optimizer``
+        section (an ``optim`` whose package is not installed trains, as there); only the Trainer's optimizer where
+        it has a ``scheduler`` section; both otherwise."""
+        if "optimizer" in self.deepspeed:
+            return None, None  # DeepSpeed builds both: the section's, or the arguments' schedule on its optimizer
+        if "scheduler" in self.deepspeed:
+            return create_optimizer(), None
+        return super().create_optimizers(create_optimizer, create_scheduler)
+
+    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, lr_scheduler: Any,
                          num_training_steps: int, scheduler_for: Callable[[Any], Any]) -> tuple[torch.nn.Module, Any, Any]:
         """The engine, with the optimizer and scheduler it steps: the given ones, or, where the config has an
         ``optimizer`` or ``scheduler`` section, the engine's, built as transformers has them built
@@ -71,6 +94,14 @@ class DeepSpeedEngine(DataParallel):
         reason = unused_given_optimizers(self.deepspeed, optimizer, lr_scheduler)
         if reason is not None:
             logger.warning(reason)
+
+    def drop_gradients(self, model: torch.nn.Module | None, error: BaseException | None) -> None:
+        """The engine's partial gradients of a training step cannot be discarded (``_NO_SMALLER_STEPS``): the
+        out-of-memory error is raised again, saying so."""
+        if self.engine is None or model is None:  # no engine yet, or an evaluation: no gradients
+            super().drop_gradients(model, error)
+            return
+        raise torch.OutOfMemoryError(f"{error}\n{_NO_SMALLER_STEPS}") from error
 
     def no_sync(self, model: torch.nn.Module):
         return super().no_sync(model) if self.engine is None else self._accumulating()

@@ -66,11 +66,27 @@ class Strategy:
             setattr(model, _COMPILED, True)
         return model
 
-    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+    optimizer_from_config = False  # the engine builds the optimizer from its own config (DeepSpeed's section)
+
+    def create_optimizers(self, create_optimizer: Callable[[], Any],
+                          create_scheduler: Callable[[Any], Any]) -> tuple[Any, Any]:
+        """The Trainer's optimizer and scheduler for ``train()`` (``create_optimizer()``, then
+        ``create_scheduler(optimizer)``), or None for each that the engine builds itself instead (DeepSpeed's config
+        sections), so that nothing of the arguments' is built only to be discarded."""
+        optimizer = create_optimizer()
+        return optimizer, create_scheduler(optimizer)
+
+    def prepare_training(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, lr_scheduler: Any,
                          num_training_steps: int, scheduler_for: Any) -> tuple[torch.nn.Module, Any, Any]:
         """``prepare`` for ``train()``, returning the model, optimizer and scheduler the loop drives (the given ones
         here; DeepSpeed may build its own)."""
         return self.prepare(model, optimizer), optimizer, lr_scheduler
+
+    def drop_gradients(self, model: torch.nn.Module | None, error: BaseException | None) -> None:
+        """Discard the partial gradients of a training step of ``model`` that ran out of memory (``error``), so
+        ``auto_find_batch_size`` can redo it: they live on the parameters (None: evaluation, nothing to drop)."""
+        if model is not None:
+            model.zero_grad(set_to_none=True)
 
     def warn_unused_optimizers(self, optimizer: Any, lr_scheduler: Any) -> None:
         """Warn where ``optimizers=(...)`` given to the Trainer go unused (only DeepSpeed replaces them)."""
