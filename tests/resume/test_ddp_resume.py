@@ -49,6 +49,22 @@ def test_two_process_resume_is_exact_and_one_process_resumes_it_too(tmp_path):
 
 
 @pytest.mark.slow
+def test_processes_whose_data_differs_resume_at_the_main_process_position(tmp_path):
+    """A checkpoint written by one process, resumed by two whose train_datasets differ in content (process 1's, of the
+    same length, is other rows): the main process's data is the checkpoint's, so the job resumes exactly, from the
+    samples the one process had trained (2 batches of epoch 0 here). Each process deciding alone, process 1 resumed by
+    steps (4 batches in) and ended its epochs at other steps than process 0, in other collectives; now both resume at
+    the main process's position, and process 1 is told its data differs."""
+    out = str(tmp_path / "run")
+    assert_finished(launch(1, out, "--hf-data", "--stop", "2"), 1)
+    proc = launch(2, out, "--hf-data", "--other-data-rank1", "--resume")
+    ends = sorted(re.findall(r"EPOCH END rank (\d) step (\d+)", "\n".join(proc.said)))
+    assert ends == [("0", "4"), ("0", "6"), ("1", "4"), ("1", "6")], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ok(proc) == 6
+    assert "but the main process's agrees with the checkpoint's, and it decides for every process" in proc.stderr
+
+
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
     out = str(tmp_path / "run")
     proc = launch(2, out, "--sigterm-rank0", "3")
