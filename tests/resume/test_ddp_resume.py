@@ -55,8 +55,15 @@ def test_processes_whose_data_differs_resume_at_the_main_process_position(tmp_pa
     samples the one process had trained (2 batches of epoch 0 here). Each process deciding alone, process 1 resumed by
     steps (4 batches in) and ended its epochs at other steps than process 0, in other collectives; now both resume at
     the main process's position, and process 1 is told its data differs."""
-    out = str(tmp_path / "run")
-    assert_finished(launch(1, out, "--hf-data", "--stop", "2"), 1)
+    from ddp_resume_worker import hf_rows
+    from test_resume import DropoutTagger, make_args
+    from tiny import pad_collate, stop_at
+
+    from cadence import Trainer
+
+    out = str(tmp_path / "run")  # the worker's run on one process, here: checkpoint-2
+    Trainer(DropoutTagger(), make_args(out, save_steps=2, num_train_epochs=2, use_cpu=True), train_dataset=hf_rows(0),
+            data_collator=pad_collate, callbacks=[stop_at(2)]).train()
     proc = launch(2, out, "--hf-data", "--other-data-rank1", "--resume")
     ends = sorted(re.findall(r"EPOCH END rank (\d) step (\d+)", "\n".join(proc.said)))
     assert ends == [("0", "4"), ("0", "6"), ("1", "4"), ("1", "6")], proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -20,6 +20,9 @@ Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
   dataset (its length, or a ``datasets`` fingerprint, differs from the saved one) is resumed by steps, as
   transformers resumes (epoch = global_step // this data's steps per epoch, the rest skipped), with a warning
   that the data position is approximate; ``ignore_data_skip=True`` starts the epoch from its first batch.
+- The position is one for the job, the main process's: it reads what decides it (``loop_state.json``, the saving
+  run's layout, whether its own data is the checkpoint's) and shares it, so every process trains as many batches and
+  meets the others in the same collectives; a process whose data alone differs is warned.
 """
 
 from __future__ import annotations
@@ -210,18 +213,21 @@ def _position_inputs(folder: Path, batches_per_epoch: int | None, args: Any, lay
     changed = _compared(folder, loop, identity, _saved_epoch_batches(batches_per_epoch, identity, saved, layout, args),
                         args)
     stream = folder / STREAM_STATE_NAME
-    stream_state = safe_load(stream) if batches_per_epoch is None and stream.exists() else None
+    read_stream = batches_per_epoch is None and not args.ignore_data_skip and stream.exists()
+    stream_state = safe_load(stream) if read_stream else None
     return loop, saved, changed, stream_state
 
 
-def _saved_epoch_batches(batches_per_epoch: int | None, identity: dict, saved: Any, layout: Any, args: Any) -> int | None:
+def _saved_epoch_batches(batches_per_epoch: int | None, identity: dict, saved: Any, layout: Any,
+                         args: Any) -> int | None:
     """This data's batches per epoch in the saving run's layout ``saved``."""
     if saved == layout or batches_per_epoch is None or identity.get("num_samples") is None:
         return batches_per_epoch
     return _epoch_batches(identity["num_samples"], saved.train_batch_size, saved.world_size, args.dataloader_drop_last)
 
 
-def _compared(folder: Path, loop: dict | None, identity: dict, saved_epoch_batches: int | None, args: Any) -> str | None:
+def _compared(folder: Path, loop: dict | None, identity: dict, saved_epoch_batches: int | None,
+              args: Any) -> str | None:
     """What differs between this process's data and the checkpoint's (:func:`_data_changed`); None where nothing
     does, or nothing is compared (a transformers checkpoint, ``ignore_data_skip``)."""
     if loop is None or args.ignore_data_skip:
