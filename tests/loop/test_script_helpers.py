@@ -69,9 +69,10 @@ def test_save_metrics_writes_a_fresh_file_where_a_fifo_stands_without_opening_it
 
     from test_checkpoint_files_rule import deadline
 
-    ours, _ = pair(tmp_path)
     out = tmp_path / "cadence"
     out.mkdir()
+    ours = cadence.Trainer(model=tiny_gpt2(seed=1), args=cadence.TrainingArguments(str(out), report_to="none",
+                                                                                   use_cpu=True))
     os.mkfifo(out / "all_results.json")
     os.mkfifo(out / "eval_results.json")
     with deadline(20), caplog.at_level(logging.WARNING, logger="cadence"):
