@@ -51,10 +51,10 @@ def test_two_process_resume_is_exact_and_one_process_resumes_it_too(tmp_path):
 @pytest.mark.slow
 def test_processes_whose_data_differs_resume_at_the_main_process_position(tmp_path):
     """A checkpoint written by one process, resumed by two whose train_datasets differ in content (process 1's, of the
-    same length, is other rows): the main process's data is the checkpoint's, so the job resumes exactly, from the
-    samples the one process had trained (2 batches of epoch 0 here). Each process deciding alone, process 1 resumed by
-    steps (4 batches in) and ended its epochs at other steps than process 0, in other collectives; now both resume at
-    the main process's position, and process 1 is told its data differs."""
+    same length, is other rows): the main process's data is the checkpoint's, so the job resumes at the checkpoint's
+    position (the 8 samples the one process had trained: 2 batches of epoch 0 for each process here). Each process
+    deciding alone, process 1 resumed by steps (4 batches in) and ended epoch 0 at step 3, process 0 at step 4; now both
+    resume at the main process's position, and process 1 is told its data differs."""
     from ddp_resume_worker import hf_rows
     from test_resume import DropoutTagger, make_args
     from tiny import pad_collate, stop_at

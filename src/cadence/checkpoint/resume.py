@@ -192,7 +192,7 @@ def _warn_data_changed(main_says: str | None, mine: str | None) -> None:
                        "train_dataset agrees with the checkpoint's): %s", main_says, _BY_STEPS)
     elif mine is not None:
         logger.warning("%s, but the main process's agrees with the checkpoint's, and it decides for every process of "
-                       "the job (processes resuming at different positions would train different numbers of batches "
+                       "the job (processes resuming at different positions could train different numbers of batches "
                        "and wait in different collectives): resuming at the checkpoint's data position; give every "
                        "process the same train_dataset", mine)
 
