@@ -1,4 +1,4 @@
-"""How long training waits at a save step (issue 21): cadence against ``transformers.Trainer``, in one process.
+"""How long training waits at a save step: cadence against ``transformers.Trainer``, in one process.
 
 The same ~17M-parameter GPT-2 (4 layers, d=512, vocabulary 8192) with AdamW on random tokens, the same seed,
 trained with a save every ``SAVE_EVERY`` steps (``--save-every``) by each library. A callback records
@@ -33,7 +33,7 @@ import common  # noqa: E402
 SAVE_EVERY = 3
 BLOCKED_TARGET = 0.10  # cadence's blocked time per save <= 0.10 x transformers'
 RUN_TARGET = 1.05  # a run saving every SAVE_EVERY steps <= 1.05 x the same run without saves
-SHAPES = {  # --model: the issue's 17M GPT-2, and a larger one (checkpoint 0.9 GB) where memory and time allow
+SHAPES = {  # --model: the 17M GPT-2 the targets are set on, and a larger one (checkpoint 0.9 GB) where memory and time allow
     "17m": dict(vocab=8192, seq_len=64, d=512, n_layer=4, n_head=8),
     "70m": dict(vocab=16384, seq_len=64, d=768, n_layer=8, n_head=12),
 }
@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=None, help="rounds of the three runs (default 5, --quick 2)")
     p.add_argument("--steps", type=int, default=None, help="steps per run (default 10: 3 saves followed by a step, "
                    "then transformers' final save; --quick 7)")
-    p.add_argument("--model", choices=sorted(SHAPES), default="17m", help="GPT-2 size (default 17m, the issue's)")
+    p.add_argument("--model", choices=sorted(SHAPES), default="17m", help="GPT-2 size (default 17m, the targets' model)")
     p.add_argument("--save-every", type=int, default=SAVE_EVERY, help=f"steps between saves (default {SAVE_EVERY}, "
-                   "the issue's; a longer interval shows the run once each write fits between two saves)")
+                   "the targets' interval; a longer one shows the run once each write fits between two saves)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared machine a second thread "
                    "made steps vary 0.6-4 s; it also leaves a core to a background save)")

@@ -1,4 +1,4 @@
-"""GPU throughput (issue 31): a plain PyTorch loop, ``transformers.Trainer`` and cadence on a 125M GPT-2, one process.
+"""GPU throughput: a plain PyTorch loop, ``transformers.Trainer`` and cadence on a 125M GPT-2, one process.
 
 A GPT-2 of 124M parameters built from a config (12 layers, d=768, 12 heads, vocabulary 50257, sequence 1024, random
 weights, no dropout), bf16 autocast over float32 weights, fused AdamW, a linear schedule with warm-up, clipping to
@@ -13,7 +13,7 @@ table, against the GPU's dense bf16 peak from ``cadence.backend.peak_flops``, or
 save of that model (the gap from the save step's ``on_step_end`` to the next ``on_step_begin`` minus the median gap
 of the timed steps; cadence saves with ``async_save=True``, its fast path; the plain loop's "save" is
 ``safetensors.save_file`` of the weights plus ``torch.save`` of the optimizer, timed whole). Then the ratios, against
-the issue's targets: cadence >= 1.05 x transformers' tokens/s and >= 0.98 x the plain loop's; a save blocks
+the targets: cadence >= 1.05 x transformers' tokens/s and >= 0.98 x the plain loop's; a save blocks
 <= 0.10 x transformers'.
 
     python benchmarks/bench_gpu.py                  # on a CUDA GPU: 6 runs, about 3-4 minutes on an H200

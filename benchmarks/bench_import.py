@@ -24,7 +24,7 @@ import common  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-IMPORT_LIMIT_S = 0.3  # import cadence <= import torch + this (DESIGN.md)
+IMPORT_LIMIT_S = 0.3  # import cadence <= import torch + this (benchmarks/README.md, row (5))
 
 IMPORTS = {
     "python (no imports)": "pass",

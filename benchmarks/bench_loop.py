@@ -27,7 +27,7 @@ import common  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-# ratio to the plain loop that cadence promises (DESIGN.md "Performance we promise"); the MiniLM
+# ratio to the plain loop that cadence promises (benchmarks/README.md, rows (1)-(3)); the MiniLM
 # fine-tune is compute-bound, so it gets the compute-bound promise
 TARGETS = {"mlp": 1.10, "gpt2": 1.02, "minilm": 1.02}
 NOISY_SPREAD = 0.25  # (max - min) / median above this for any runner marks a verdict as unreliable

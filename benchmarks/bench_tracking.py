@@ -34,7 +34,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import common  # noqa: E402
 
-TARGET = 1.03  # the promise: at most +3% over logging to nothing
+TARGET = 1.03  # the promise: at most +3% over logging to nothing
 VARIANTS = {"none": "none", "tensorboard+jsonl": ["tensorboard", "jsonl"]}
 
 

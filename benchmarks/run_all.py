@@ -5,9 +5,9 @@
 
 Rows: (1) tiny MLP and (2) small GPT-2 training, (3) a pretrained MiniLM fine-tuned on real text
 (skipped, saying why, when the model package is not installed: see README.md), (4) evaluation of a
-large-output GPT-2, (5) import time and time to the first step, and issue 21's checkpoint rows: how long
-training waits at a save (cadence vs transformers) and a run saving every 3 steps vs none; issue 27's row: TRL's
-SFT and DPO trained through transformers' Trainer and through cadence's.
+large-output GPT-2, (5) import time and time to the first step, (6) checkpoints: how long training waits at a
+save (cadence vs transformers) and a run saving every 3 steps vs none, (7) TRL's SFT and DPO trained through
+transformers' Trainer and through cadence's.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ import common  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-# the issue's row number of each benchmark row
-ROW_NUMBER = {"mlp": "(1)", "gpt2": "(2)", "minilm": "(3)", "eval": "(4)", "startup": "(5)"}
+# each benchmark's number, as its section heading and the summary's rows print it
+ROW_NUMBER = {"mlp": "(1)", "gpt2": "(2)", "minilm": "(3)", "eval": "(4)", "startup": "(5)", "checkpoint": "(6)",
+              "libraries": "(7)"}
 
 
 def summary(loop: dict, eval_checks: list, import_checks: list, checkpoint_checks: list,
@@ -45,8 +46,8 @@ def summary(loop: dict, eval_checks: list, import_checks: list, checkpoint_check
     rows.sort(key=lambda r: r[0])
     rows += [[ROW_NUMBER["eval"], *c] for c in eval_checks]
     rows += [[ROW_NUMBER["startup"], *c] for c in import_checks]
-    rows += [["#21", *c] for c in checkpoint_checks]
-    rows += [["#27", *c] for c in library_checks]
+    rows += [[ROW_NUMBER["checkpoint"], *c] for c in checkpoint_checks]
+    rows += [[ROW_NUMBER["libraries"], *c] for c in library_checks]
     return common.format_table(["row", "benchmark", "promise", "measured (medians)", "result"], rows)
 
 
@@ -70,9 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     if not a.no_eval:
         print("\n## (4) evaluation of a large-output model")
         eval_checks = bench_eval.checks(bench_eval.main(["--quick"] if a.quick else []))
-    print("\n## (#21) time training waits at a save")
+    print("\n## (6) time training waits at a save")
     checkpoint_checks = bench_checkpoint.checks(bench_checkpoint.main(["--quick"] if a.quick else []))
-    print("\n## (#27) TRL's SFT and DPO on transformers' Trainer and on cadence")
+    print("\n## (7) TRL's SFT and DPO on transformers' Trainer and on cadence")
     library_checks = bench_libraries.checks(bench_libraries.main(["--repeats", "2" if a.quick else "5"]))
     print("\n## summary")
     print(summary(loop, eval_checks, bench_import.checks(times), checkpoint_checks, library_checks))

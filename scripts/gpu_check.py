@@ -1,4 +1,4 @@
-"""Device checks of issues 6 and 31 for a machine with a CUDA GPU (a few minutes; ``scripts/gpu_run.sh`` runs it).
+"""Device checks for a machine with a CUDA GPU (a few minutes; ``scripts/gpu_run.sh`` runs it).
 
     python scripts/gpu_check.py [--json PATH] [--only NAME,...]   # this checkout's src/ is put first on sys.path
 
@@ -18,27 +18,27 @@ Checks:
    step with and without (on a GPT-2 from transformers when installed, else a plain module marked
    with ``checkpoint_modules``).
 5. tf32=True is accepted on capability >= 8; torch_empty_cache_steps calls torch.cuda.empty_cache.
-6. async_save (issue 21): pinned snapshot buffers; each checkpoint (every 5 steps) holds exactly its step's weights
+6. async_save: pinned snapshot buffers; each checkpoint (every 5 steps) holds exactly its step's weights
    and AdamW moments, as recorded at ``on_step_end`` (a snapshot copy racing the next step would not).
-7. DeepSpeed ZeRO-2 and ZeRO-3 (issue 13; skipped, saying so, without the deepspeed package): 20 steps
+7. DeepSpeed ZeRO-2 and ZeRO-3 (skipped, saying so, without the deepspeed package): 20 steps
    with GA 2 and clipping track the plain float32 run (rel 1e-3); checkpoint-10 holds DeepSpeed's
    global_step* folder, ZeRO-3 also a consolidated model.safetensors
    (stage3_gather_16bit_weights_on_model_save); a run resumed from it ends at the same loss (rel 1e-3), its
-   DeepSpeed .pt files passing cadence's weights_only check (issue 28); a payload planted in a copy's optimizer
+   DeepSpeed .pt files passing cadence's weights_only check; a payload planted in a copy's optimizer
    file is refused, naming the file, and never runs.
-8. host syncs (issue 31): 50 bf16 steps under ``torch.cuda.set_sync_debug_mode("warn")``, logging every 10,
+8. host syncs: 50 bf16 steps under ``torch.cuda.set_sync_debug_mode("warn")``, logging every 10,
    evaluating and saving every 25 (and 20 steps of gradient accumulation 2, logging every 10): every
    "synchronizing CUDA operation" warning counted per step (from one ``on_step_begin`` to the next, so a step's
    count covers its log, evaluation and save, and the next step's work before its ``on_step_begin``), with where
    it came from; PASS when only logging/evaluation/saving steps (and the set-up, and step 1) synchronise.
-9. background-save timing (issue 31): a 25M-parameter model saved every 10 steps, with ``async_save`` and without:
+9. background-save timing: a 25M-parameter model saved every 10 steps, with ``async_save`` and without:
    the time training was blocked per save (the gap after a save step minus the median gap), how many steps the
    background write overlapped, the device time of the step after a save (the snapshot's copies share the
    stream); PASS when every checkpoint holds its step's state, the buffers are pinned and the steady blocked
    time is <= 0.10 x the synchronous save's.
-10. memory metrics (issue 31): ``skip_memory_metrics=False``'s ``init``/``train``/``eval`` ``_mem_gpu_`` numbers
+10. memory metrics: ``skip_memory_metrics=False``'s ``init``/``train``/``eval`` ``_mem_gpu_`` numbers
    against ``torch.cuda.memory_allocated``/``max_memory_allocated`` read around the same calls (2 MiB).
-11. Liger kernels on a tiny Llama with a 32k vocabulary (issues 29, 31; SKIP without CUDA or the liger_kernel
+11. Liger kernels on a tiny Llama with a 32k vocabulary (SKIP without CUDA or the liger_kernel
    package): ``use_liger_kernel=True`` through cadence, 20 bf16 steps track 20 without (rel 2e-2), Liger modules
    are in use and the training peak memory (``torch.cuda.max_memory_allocated``) is lower than without.
 """
@@ -321,7 +321,7 @@ def check_tf32_and_cache():
 
 
 def check_async_save():
-    """async_save on CUDA (issue 21): the snapshot goes into pinned buffers by non-blocking copies and the writer waits
+    """async_save on CUDA: the snapshot goes into pinned buffers by non-blocking copies and the writer waits
     on their event; each checkpoint must hold exactly the weights and optimizer state of its own step (a copy racing
     the next optimizer step would hold a later step's values)."""
     from safetensors.torch import load_file
@@ -377,7 +377,7 @@ def check_deepspeed(fp32, stage):
     has_ds = any(f.startswith("global_step") for f in files)
     has_weights = "model.safetensors" in files
     rel = max_rel(got, fp32)
-    # issue 28 (17): the resume below goes through cadence's check of DeepSpeed's own .pt files (weights_only with
+    # the resume below goes through cadence's check of DeepSpeed's own .pt files (weights_only with
     # DeepSpeed's classes): the genuine files pass it, and a payload planted in a copy is refused and never runs
     import shutil
 
@@ -417,7 +417,7 @@ def check_deepspeed(fp32, stage):
 
 
 class _Payload:
-    """Unpickled by plain pickle it writes ``marker``: a crafted DeepSpeed file (issue 28, 17)."""
+    """Unpickled by plain pickle it writes ``marker``: a crafted DeepSpeed file."""
 
     def __init__(self, marker):
         self.marker = marker

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
+
+from .checkpoint_io.formats import CorruptCheckpointError, _file_kind, checked_path
+
+logger = logging.getLogger(__name__)
 
 
 def metrics_format(metrics: dict[str, float]) -> dict[str, Any]:
@@ -61,8 +67,29 @@ def save_metrics(self: Any, split: str, metrics: dict[str, float], combined: boo
         return
     out = Path(self.args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{split}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True), encoding="utf-8")
+    results = out / f"{split}_results.json"
+    _regular_file(results)
+    results.write_text(json.dumps(metrics, indent=4, sort_keys=True), encoding="utf-8")
     if combined:
         path = out / "all_results.json"
-        merged = {**(json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}), **metrics}
+        merged = {**(json.loads(path.read_text(encoding="utf-8")) if _regular_file(path) else {}), **metrics}
         path.write_text(json.dumps(merged, indent=4, sort_keys=True), encoding="utf-8")
+
+
+def _regular_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file (links followed, as transformers follows them), to be read or overwritten;
+    False when nothing is there. A FIFO (whose open blocks forever), a socket or a device there is never opened: it is
+    removed, with a warning naming it, so the write makes a fresh file in its place."""
+    try:
+        checked_path(path.parent, path, confine=False)  # the one rule: only regular files are opened
+        return True
+    except FileNotFoundError:
+        return False
+    except CorruptCheckpointError:
+        pass
+    if not os.path.exists(path) or os.path.isdir(path):
+        return False  # a link to nothing is written through, as transformers writes; a folder is never deleted
+    logger.warning("%s is %s, not a regular file: it was not opened (a FIFO would block forever); writing a fresh "
+                   "%s in its place", path, _file_kind(os.stat(path).st_mode), path.name)
+    os.unlink(path)
+    return False

@@ -126,7 +126,7 @@ _STEP_INTERVALS = (
 
 # Features cadence does not have yet. "field" is refused when set to a truthy value other than its
 # default; "field=value" when it equals that value. When a feature lands, delete its line(s).
-_NOT_YET_BUILT: dict[str, str] = {}  # empty since issue 29 built Liger kernels and batch_rebalance
+_NOT_YET_BUILT: dict[str, str] = {}  # empty: Liger kernels and batch_rebalance, its last entries, are built
 
 
 # Settings cadence refuses on purpose, with the reason.

@@ -68,7 +68,8 @@ AUDIT = {
     ("cli_train.py", "_read_config", "read_text"): "the config file a user passes to cadence train; JSON or yaml.safe_load",
     ("cli_env.py", "_cadence_install", "read_text"): "cadence's own installed metadata (direct_url.json); JSON only",
     ("cli_train.py", "training_args_groups", "read_text"): "cadence's own training_args.py source, read for its headings",
-    ("script_metrics.py", "save_metrics", "read_text"): "all_results.json this run's main process writes; JSON only",
+    ("script_metrics.py", "save_metrics", "read_text"):
+        "all_results.json this run's main process writes, read only as a regular file (checked_path); JSON only",
     ("integrations/jsonl.py", "drop_rows_after", "open"): "the run's own log file; JSON lines only",
     ("integrations/jsonl.py", "read_log_history", "read_bytes"): "the run's own log file; JSON lines only",
     ("integrations/kubeflow.py", "KubeflowCallback._get_token", "open"): "the pod's service-account token file",

@@ -1,6 +1,6 @@
 """Every code block of README.md and docs/*.md runs as written (tests/doc_blocks.py says which and how), each page
 in a fresh process and an empty folder; the pages' links point at files and headings that exist; and the pages name
-no internal issue numbers or test machines."""
+no internal issue numbers or test machines (nor do the code's docstrings, comments and printed text)."""
 
 import dataclasses
 import os
@@ -111,13 +111,21 @@ def test_links_resolve():
 
 def test_no_internal_references():
     """Issue numbers of the team's tracker, its test machines, files outside the repository, the paths of the machine
-    that ran something and raw library error texts mean nothing to a reader of the docs (benchmarks/README.md too)."""
+    that ran something and raw library error texts mean nothing to a reader of the docs (benchmarks/README.md too), nor
+    of the code's docstrings, comments and printed text (benchmarks/, scripts/, src/): an upstream issue is cited by its
+    full URL."""
+    code = [*sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "scripts").glob("*.py")),
+            *sorted((ROOT / "src").rglob("*.py"))]
+    assert len(code) > 100 and ROOT / "src" / "cadence" / "trainer.py" in code
     bad = []
-    for page in [*PAGES, ROOT / "benchmarks" / "README.md"]:
+    for page in [*PAGES, ROOT / "benchmarks" / "README.md", *code]:
+        patterns = [r"(?<!PyTorch )\bissues? #?\d+", r"\(#\d+\)", r"\| #\d+ \|", r"\.\./shared", r"\bVM\b",
+                    r"lent GPU", r"DESIGN\.md", r"\brun\(command=", r"(?<![\w.])/(?:work|root|home)/",
+                    r"third_party/gloo"]
+        if page.suffix == ".py":
+            patterns.append(r"[\"']#\d+[\"' ]")  # a ticket number as a printed label ("#21")
         for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
-            for pattern in (r"(?<!PyTorch )\bissues? #?\d+", r"\(#\d+\)", r"\| #\d+ \|", r"\.\./shared", r"\bVM\b",
-                            r"lent GPU", r"DESIGN\.md", r"\brun\(command=", r"(?<![\w.])/(?:work|root|home)/",
-                            r"third_party/gloo"):
+            for pattern in patterns:
                 if re.search(pattern, line, re.I):
                     bad.append(f"{page.relative_to(ROOT)} line {number}: {line.strip()[:100]}")
     assert not bad, "\n".join(bad)

@@ -61,6 +61,30 @@ def test_save_metrics_writes_transformers_files(tmp_path):
         assert (tmp_path / "cadence" / name).read_text() == (tmp_path / "transformers" / name).read_text(), name
 
 
+def test_save_metrics_writes_a_fresh_file_where_a_fifo_stands_without_opening_it(tmp_path, caplog):
+    """A FIFO planted at all_results.json (or at {split}_results.json) blocked save_metrics forever: its open waits
+    for a writer. It is never opened: named in a warning and replaced by a regular file with this call's metrics."""
+    import json
+    import os
+
+    from test_checkpoint_files_rule import deadline
+
+    out = tmp_path / "cadence"
+    out.mkdir()
+    ours = cadence.Trainer(model=tiny_gpt2(seed=1), args=cadence.TrainingArguments(str(out), report_to="none",
+                                                                                   use_cpu=True))
+    os.mkfifo(out / "all_results.json")
+    os.mkfifo(out / "eval_results.json")
+    with deadline(20), caplog.at_level(logging.WARNING, logger="cadence"):
+        ours.save_metrics("eval", {"eval_loss": 0.5})
+    for name in ("all_results.json", "eval_results.json"):
+        assert (out / name).is_file() and json.loads((out / name).read_text()) == {"eval_loss": 0.5}
+        assert any(f"{out / name} is a FIFO (named pipe), not a regular file: it was not opened" in r.getMessage()
+                   for r in caplog.records), name
+    ours.save_metrics("test", {"test_loss": 0.25})  # the fresh file is read and merged as before
+    assert json.loads((out / "all_results.json").read_text()) == {"eval_loss": 0.5, "test_loss": 0.25}
+
+
 def test_queries_match_transformers_before_and_after_training(tmp_path):
     ours, theirs = pair(tmp_path)
     ours.model.transformer.wpe.weight.requires_grad_(False)

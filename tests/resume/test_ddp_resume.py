@@ -49,6 +49,29 @@ def test_two_process_resume_is_exact_and_one_process_resumes_it_too(tmp_path):
 
 
 @pytest.mark.slow
+def test_processes_whose_data_differs_resume_at_the_main_process_position(tmp_path):
+    """A checkpoint written by one process, resumed by two whose train_datasets differ in content (process 1's, of the
+    same length, is other rows): the main process's data is the checkpoint's, so the job resumes at the checkpoint's
+    position (the 8 samples the one process had trained: 2 batches of epoch 0 for each process here). Each process
+    deciding alone, process 1 resumed by steps (4 batches in) and ended epoch 0 at step 3, process 0 at step 4; now both
+    resume at the main process's position, and process 1 is told its data differs."""
+    from ddp_resume_worker import hf_rows
+    from test_resume import DropoutTagger, make_args
+    from tiny import pad_collate, stop_at
+
+    from cadence import Trainer
+
+    out = str(tmp_path / "run")  # the worker's run on one process, here: checkpoint-2
+    Trainer(DropoutTagger(), make_args(out, save_steps=2, num_train_epochs=2, use_cpu=True), train_dataset=hf_rows(0),
+            data_collator=pad_collate, callbacks=[stop_at(2)]).train()
+    proc = launch(2, out, "--hf-data", "--other-data-rank1", "--resume")
+    ends = sorted(re.findall(r"EPOCH END rank (\d) step (\d+)", "\n".join(proc.said)))
+    assert ends == [("0", "4"), ("0", "6"), ("1", "4"), ("1", "6")], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ok(proc) == 6
+    assert "but the main process's agrees with the checkpoint's, and it decides for every process" in proc.stderr
+
+
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
     out = str(tmp_path / "run")
     proc = launch(2, out, "--sigterm-rank0", "3")

@@ -12,6 +12,9 @@ write the final weights. usage: ddp_resume_worker.py OUT_DIR [--stop N] [--resum
 The environment's NODE_DISK (the tests set one per torchrun "node"), when set, puts output_dir in OUT_DIR/NODE_DISK: a
 disk of that node's own. The first attempt is told apart by files in OUT_DIR's folder (on two nodes each torchrun
 agent counts its own restarts, and ranks may move between nodes).
+--hf-data: the rows as a ``datasets.Dataset`` (its fingerprint and a sample of its rows go into loop_state.json).
+--other-data-rank1: with --hf-data, process 1's rows are other ones (another seed, the same length, so the samplers
+  agree); each process says ``EPOCH END rank K step S`` at each epoch's end.
 Each attempt says ``ATTEMPT restart R rank K starts at step S``."""
 
 import os
@@ -75,6 +78,20 @@ class SayStart(TrainerCallback):
             f"step {state.global_step}")
 
 
+class SayEpochEnd(TrainerCallback):
+    def on_epoch_end(self, args, state, control, **kwargs):
+        say(f"EPOCH END rank {args.process_index} step {state.global_step}")
+
+
+def hf_rows(seed: int):
+    """TokenDataset(22, seed)'s rows as a datasets.Dataset of torch tensors."""
+    import datasets
+
+    rows = TokenDataset(22, seed=seed).rows
+    return datasets.Dataset.from_dict({"input_ids": [ids.tolist() for ids, _ in rows],
+                                       "labels": [labels.tolist() for _, labels in rows]}).with_format("torch")
+
+
 def main(out: str) -> None:
     torch.set_num_threads(1)
     marks = os.path.abspath(out).rstrip(os.sep)  # the job's marks beside OUT_DIR, shared by every "node"
@@ -98,7 +115,12 @@ def main(out: str) -> None:
     callbacks += [SigtermRank0(term)] if term else []
     callbacks += [KillRank1(kill, marks + ".killed"), SayStart()] if kill else []
     callbacks += [PauseRank0(pause, marks + ".paused")] if pause else []
-    trainer = Trainer(DropoutTagger(), args, train_dataset=TokenDataset(22), data_collator=pad_collate,
+    other = "--other-data-rank1" in sys.argv
+    callbacks += [SayEpochEnd()] if other else []
+    rows = TokenDataset(22)
+    if "--hf-data" in sys.argv:
+        rows = hf_rows(seed=1 if other and os.environ.get("RANK") == "1" else 0)
+    trainer = Trainer(DropoutTagger(), args, train_dataset=rows, data_collator=pad_collate,
                       callbacks=callbacks)
     trainer.train(resume_from_checkpoint=True if "--resume" in sys.argv else None)
     say(f"STOPPED {trainer.state.global_step}")

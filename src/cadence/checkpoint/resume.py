@@ -20,6 +20,9 @@ Resume (``Trainer.train(resume_from_checkpoint=...)``) and its decisions:
   dataset (its length, or a ``datasets`` fingerprint, differs from the saved one) is resumed by steps, as
   transformers resumes (epoch = global_step // this data's steps per epoch, the rest skipped), with a warning
   that the data position is approximate; ``ignore_data_skip=True`` starts the epoch from its first batch.
+- The position is one for the job, the main process's: it reads what decides it (``loop_state.json``, the saving
+  run's layout, whether its own data is the checkpoint's) and shares it, so every process trains as many batches and
+  meets the others in the same collectives; a process whose data alone differs is warned.
 """
 
 from __future__ import annotations
@@ -150,10 +153,11 @@ def _epoch_batches(num_samples: int, batch: int, world: int, drop_last: bool) ->
     return share // batch if drop_last else -(-share // batch)
 
 
-def _data_changed(folder: Path, loop: dict, identity: dict, expected_batches: int | None) -> bool:
+def _data_changed(folder: Path, loop: dict, identity: dict, expected_batches: int | None) -> str | None:
     """Whether a checkpoint was written on other data: its saved length/fingerprint (or, for checkpoints that
-    predate them, its batches per epoch: ``expected_batches`` for this data in its layout) differs. Warns when it
-    does: the resume then goes on by steps, as transformers resumes (:func:`resume_point`)."""
+    predate them, its batches per epoch: ``expected_batches`` for this data in its layout) differs. Returns what
+    differs (a warning's text), else None: the resume then goes on by steps, as transformers resumes
+    (:func:`resume_point`, which warns)."""
     saved_n, saved_fp = loop.get("num_samples"), loop.get("fingerprint")
     n, fp = identity.get("num_samples"), identity.get("fingerprint")
     if saved_n is None and loop.get("batches_per_epoch") not in (None, expected_batches):
@@ -165,16 +169,70 @@ def _data_changed(folder: Path, loop: dict, identity: dict, expected_batches: in
                        "length (%s) and a sample of the rows agree: resuming (datasets gives a .map() whose function "
                        "it cannot hash a random fingerprint)", folder, saved_fp, fp, n)
         other_fp = False
-    changed = (saved_n is not None and n is not None and saved_n != n) or other_fp
-    if changed:
-        what = f"{saved_n} samples" if isinstance(saved_n, int) else (saved_n or "the same length")
-        logger.warning(
-            "checkpoint %s was trained on another train_dataset (%s, fingerprint %s) than this run's (%s samples, "
-            "fingerprint %s): resuming by steps as transformers does (epoch = global_step // steps per epoch of this "
-            "data, then the rest of the steps' batches skipped), so the data position is approximate and the run is "
-            "not the one that was checkpointed; resume with the same train_dataset for an exact resume, or set "
-            "ignore_data_skip=True to start the epoch from its first batch", folder, what, saved_fp, n, fp)
-    return changed
+    if not ((saved_n is not None and n is not None and saved_n != n) or other_fp):
+        return None
+    what = f"{saved_n} samples" if isinstance(saved_n, int) else (saved_n or "the same length")
+    return (f"checkpoint {folder} was trained on another train_dataset ({what}, fingerprint {saved_fp}) than this "
+            f"run's ({n} samples, fingerprint {fp})")
+
+
+_BY_STEPS = ("resuming by steps as transformers does (epoch = global_step // steps per epoch of this data, then the "
+             "rest of the steps' batches skipped), so the data position is approximate and the run is not the one that "
+             "was checkpointed; resume with the same train_dataset for an exact resume, or set ignore_data_skip=True "
+             "to start the epoch from its first batch")
+
+
+def _warn_data_changed(main_says: str | None, mine: str | None) -> None:
+    """The warning of a resume on other data, given the main process's finding (which decides for the job) and this
+    process's own (each compares its own train_dataset with the checkpoint's)."""
+    if main_says is not None and mine is not None:
+        logger.warning("%s: %s", mine, _BY_STEPS)
+    elif main_says is not None:
+        logger.warning("%s, on the main process, which decides for every process of the job (this process's "
+                       "train_dataset agrees with the checkpoint's): %s", main_says, _BY_STEPS)
+    elif mine is not None:
+        logger.warning("%s, but the main process's agrees with the checkpoint's, and it decides for every process of "
+                       "the job (processes resuming at different positions could train different numbers of batches "
+                       "and wait in different collectives): resuming at the checkpoint's data position; give every "
+                       "process the same train_dataset", mine)
+
+
+def _position_inputs(folder: Path, batches_per_epoch: int | None, args: Any, layout: Any, saved_args: dict,
+                     saved_batch_size: int | None, identity: dict) -> tuple:
+    """What a resume's data position follows from, read on the main process (:func:`resume_point` shares it):
+    ``loop_state.json``, the saving run's ``BatchLayout`` (from it, else from the checkpoint's arguments and files),
+    whether this process's data differs from the checkpoint's (:func:`_data_changed`) and a stream's saved state."""
+    loop = read_loop_state(folder)  # each field checked: damage is a CorruptCheckpointError naming it
+    saved = dataclasses.replace(  # a BatchLayout (loop_state.py) like ``layout``
+        layout,
+        train_batch_size=(loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size")
+        or saved_batch_size or layout.train_batch_size,
+        gradient_accumulation_steps=(loop or {}).get("gradient_accumulation_steps")
+        or saved_args.get("gradient_accumulation_steps") or layout.gradient_accumulation_steps,
+        world_size=(loop or {}).get("world_size") or checkpoint_world_size(folder) or layout.world_size)
+    changed = _compared(folder, loop, identity, _saved_epoch_batches(batches_per_epoch, identity, saved, layout, args),
+                        args)
+    stream = folder / STREAM_STATE_NAME
+    read_stream = batches_per_epoch is None and not args.ignore_data_skip and stream.exists()
+    stream_state = safe_load(stream) if read_stream else None
+    return loop, saved, changed, stream_state
+
+
+def _saved_epoch_batches(batches_per_epoch: int | None, identity: dict, saved: Any, layout: Any,
+                         args: Any) -> int | None:
+    """This data's batches per epoch in the saving run's layout ``saved``."""
+    if saved == layout or batches_per_epoch is None or identity.get("num_samples") is None:
+        return batches_per_epoch
+    return _epoch_batches(identity["num_samples"], saved.train_batch_size, saved.world_size, args.dataloader_drop_last)
+
+
+def _compared(folder: Path, loop: dict | None, identity: dict, saved_epoch_batches: int | None,
+              args: Any) -> str | None:
+    """What differs between this process's data and the checkpoint's (:func:`_data_changed`); None where nothing
+    does, or nothing is compared (a transformers checkpoint, ``ignore_data_skip``)."""
+    if loop is None or args.ignore_data_skip:
+        return None
+    return _data_changed(folder, loop, identity, saved_epoch_batches)
 
 
 def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, args: Any, layout: Any,
@@ -196,24 +254,25 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
     continues after the samples that run trained (logged as a warning: not bit-identical); one written on another
     dataset continues by steps, as transformers does (warned: the data position is approximate).
     """
-    loop = read_loop_state(folder)  # each field checked: damage is a CorruptCheckpointError naming it
     saved_args, identity = saved_args or {}, identity or {}
-    # the saving run's layout: loop_state.json, else its args and files
-    saved = dataclasses.replace(  # a BatchLayout (loop_state.py) like ``layout``
-        layout,
-        train_batch_size=(loop or {}).get("train_batch_size") or saved_args.get("per_device_train_batch_size")
-        or saved_batch_size or layout.train_batch_size,
-        gradient_accumulation_steps=(loop or {}).get("gradient_accumulation_steps")
-        or saved_args.get("gradient_accumulation_steps") or layout.gradient_accumulation_steps,
-        world_size=(loop or {}).get("world_size") or checkpoint_world_size(folder) or layout.world_size)
+    # One position for the job: it sets how many batches each process trains, hence its collectives. The main
+    # process reads what decides it (the checkpoint's loop state and layout from its disk, whether its own data is the
+    # checkpoint's, a stream's state) and every process gets it; the others compare their own data only to warn.
+    main, found = (process_group_size_and_rank() or (1, 0))[1] == 0, None
+    if main:
+        try:
+            found = _position_inputs(folder, batches_per_epoch, args, layout, saved_args, saved_batch_size, identity)
+        except Exception as error:  # noqa: BLE001 - every process raises it (a damaged loop_state.json), not one alone
+            found = error
+    found = every_process(found)[0]
+    if isinstance(found, BaseException):
+        raise found
+    loop, saved, main_says, stream_state = found
+    saved_epoch_batches = _saved_epoch_batches(batches_per_epoch, identity, saved, layout, args)
+    mine = main_says if main else _compared(folder, loop, identity, saved_epoch_batches, args)
+    _warn_data_changed(main_says, mine)
+    other_data = main_says is not None
     world = layout.world_size
-    same_layout = saved == layout
-    saved_epoch_batches = batches_per_epoch  # this data's batches per epoch in the saving run's layout
-    if not same_layout and batches_per_epoch is not None and identity.get("num_samples") is not None:
-        saved_epoch_batches = _epoch_batches(identity["num_samples"], saved.train_batch_size, saved.world_size,
-                                             args.dataloader_drop_last)
-    other_data = loop is not None and not args.ignore_data_skip and _data_changed(folder, loop, identity,
-                                                                                  saved_epoch_batches)
     if loop is not None and not args.ignore_data_skip and not other_data:
         epoch, skip = loop["epoch"], loop["batches_in_epoch"]
     elif batches_per_epoch is None:  # a stream: its trained batches cannot be skipped, only read again
@@ -229,9 +288,11 @@ def resume_point(folder: Path, global_step: int, batches_per_epoch: int | None, 
         skip = 0 if args.ignore_data_skip else (global_step % steps_per_epoch) * saved.gradient_accumulation_steps
     if saved != layout:
         skip = _rescale_position(folder, skip, saved, layout, args, epoch, saved_epoch_batches, batches_per_epoch)
-    stream_state, trained = None, skip
-    if batches_per_epoch is None and skip and (folder / STREAM_STATE_NAME).exists():
-        stream_state, skip = safe_load(folder / STREAM_STATE_NAME), 0  # the stream knows its own position
+    trained = skip
+    if batches_per_epoch is None and skip and stream_state is not None:
+        skip = 0  # the stream knows its own position
+    else:
+        stream_state = None
     rng_file = folder / rng_state_name(args.process_index, args.world_size)
     same_world = saved.world_size == world  # another count: another process's RNG is not ours
     rng = read_rng_state(folder, rng_file.name) if rng_file.exists() and same_world else None

@@ -75,11 +75,12 @@ def _restarted_on_torchruns_shared_store() -> bool:
     may be: a restarted one on one node (``TORCHELASTIC_RESTART_COUNT > 0``), or any on several nodes. torchrun keeps
     that one store for every attempt of the job (torch 2.13 here), and gloo's and NCCL's setup keys carry no attempt:
     a restarted rank that reads its peer's key before the peer wrote it again gets the address of the killed attempt's
-    process, and the connect fails ("Connection refused", "Connect timeout"; torch issue 135712). The attempt count is
-    the same for every worker of one agent, so on one node it names the attempt for all of them; across nodes each
-    agent counts its own restarts (a healthy node's agent counts none when another node's process died), so the
-    workers agree on a name through the store itself (:func:`_agreed_attempt`), on the first attempt too (a node's
-    count of 0 does not say that no attempt came before)."""
+    process, and the connect fails ("Connection refused", "Connect timeout";
+    https://github.com/pytorch/pytorch/issues/135712). The attempt count is the same for every worker of one agent, so
+    on one node it names the attempt for all of them; across nodes each agent counts its own restarts (a healthy node's
+    agent counts none when another node's process died), so the workers agree on a name through the store itself
+    (:func:`_agreed_attempt`), on the first attempt too (a node's count of 0 does not say that no attempt came
+    before)."""
     env = os.environ
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return False
