@@ -38,6 +38,7 @@ NOT_COMPARED = {"step_time", "train_runtime", "train_samples_per_second", "train
 Job = tuple
 _dirs: dict = {}
 _runs: dict = {}
+SAVE, RESUME, BATCH2 = ("--save-steps", "2"), ("--save-steps", "2", "--resume"), ("--batch", "2")
 
 
 def job_dir(job: Job) -> str:
@@ -60,9 +61,6 @@ def wanted(item) -> list[Job]:
     if name == "test_repeat_sampler_trainers_on_two_processes_match_transformers":
         return [(f"{case}_fp64", True, 2, BATCH2), (f"{case}_fp64", False, 2, BATCH2)]
     return []
-
-
-SAVE, RESUME, BATCH2 = ("--save-steps", "2"), ("--save-steps", "2", "--resume"), ("--batch", "2")
 
 
 def runs(request, tmp_path_factory, *jobs: Job) -> list[dict]:
