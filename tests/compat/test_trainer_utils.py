@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import subprocess
@@ -233,12 +234,22 @@ def _fits_at_most(limit, error):
     return train, tried
 
 
+@pytest.fixture
+def frozen_heap():
+    """Both searches call gc.collect() after each of their 16 out-of-memory errors, and a collection walks every object
+    the test session holds (seconds each late in the suite): gc.freeze() sets the objects alive now aside for the
+    test, so each collection walks only the test's own; the calls and the sizes tried are the same."""
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
 @pytest.mark.parametrize(
     "error",
     [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"),
      RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB")],
 )
-def test_find_executable_batch_size_shrinks_10_percent_on_oom_as_accelerate(error):
+def test_find_executable_batch_size_shrinks_10_percent_on_oom_as_accelerate(error, frozen_heap):
     from accelerate.utils import find_executable_batch_size as accelerate_find
 
     train, tried = _fits_at_most(20, error)

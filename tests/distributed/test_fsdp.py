@@ -47,6 +47,22 @@ def reference(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """2 processes, batch 4 each, FSDP, no checkpoint: the run the one-process reference is compared with, and the
+    unbroken run every resume must end identical to; computed once for the module."""
+    cache = []
+
+    def get():
+        if not cache:
+            out = tmp_path_factory.mktemp("two")
+            run(2, out, "--batch", "4", "--fsdp", FSDP)
+            cache.append(result(out))
+        return cache[0]
+
+    return get
+
+
 def retied(weights):
     """Both names of GPT-2's tied embedding (a file stores one of them, under either name)."""
     for a, b in (("lm_head.weight", "transformer.wte.weight"), ("gpt.lm_head.weight", "gpt.transformer.wte.weight")):
@@ -73,11 +89,13 @@ def assert_same_training(got, expected):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("no_items", [False, True], ids=["num_items_in_batch", "mean_loss"])
-def test_fsdp_two_processes_equal_one(no_items, reference, tmp_path):
-    # the wrapper has no _no_split_modules: its layers are named in transformer_layer_cls_to_wrap
-    extra = ["--no-items", "--config", '{"transformer_layer_cls_to_wrap": ["GPT2Block"]}'] if no_items else []
-    run(2, tmp_path, "--batch", "4", "--fsdp", FSDP, *extra)
-    weights, logs = result(tmp_path)
+def test_fsdp_two_processes_equal_one(no_items, reference, two_processes, tmp_path):
+    if no_items:  # the wrapper has no _no_split_modules: its layers are named in transformer_layer_cls_to_wrap
+        run(2, tmp_path, "--batch", "4", "--fsdp", FSDP, "--no-items", "--config",
+            '{"transformer_layer_cls_to_wrap": ["GPT2Block"]}')
+        weights, logs = result(tmp_path)
+    else:
+        weights, logs = two_processes()
     assert logs["fsdp_units"] == 3  # each GPT2Block (the model's _no_split_modules) and the root
     assert_same_training((weights, logs), reference(no_items))
 
@@ -96,10 +114,11 @@ def test_fsdp_offload_and_activation_checkpointing_change_nothing(words, config,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("state_dict_type", ["FULL_STATE_DICT", "SHARDED_STATE_DICT"])
-def test_fsdp_checkpoint_resumes_bit_identically(state_dict_type, tmp_path):
+def test_fsdp_checkpoint_resumes_bit_identically(state_dict_type, two_processes, tmp_path):
+    """Stopped after step 4 and resumed from checkpoint-4, the run ends bit-identical to one that never stopped (nor
+    saved: the module's two-process run)."""
     config = json.dumps({"state_dict_type": state_dict_type})
     common = ["--batch", "4", "--fsdp", FSDP, "--config", config, "--save-steps", "2"]
-    run(2, tmp_path / "full", *common)
     run(2, tmp_path / "run", *common, "--stop", "4")
     ckpt = tmp_path / "run" / "checkpoint-4"
     files = set(os.listdir(ckpt))
@@ -119,7 +138,7 @@ def test_fsdp_checkpoint_resumes_bit_identically(state_dict_type, tmp_path):
             assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= set(os.listdir(ckpt / name))
     assert not [p for p in os.listdir(tmp_path / "run") if p.startswith("tmp-")]  # staging renamed away
     run(2, tmp_path / "run", *common, "--resume")
-    (full_weights, full_logs), (weights, logs) = result(tmp_path / "full"), result(tmp_path / "run")
+    (full_weights, full_logs), (weights, logs) = two_processes(), result(tmp_path / "run")
     assert all(torch.equal(weights[k], v) for k, v in full_weights.items())
     assert logs["losses"] == full_logs["losses"] and logs["grad_norms"] == full_logs["grad_norms"]
 

@@ -1,9 +1,12 @@
 """TRL's trainers on cadence (issue 27): ``cadence.patch_transformers()`` before ``import trl`` makes every TRL trainer
 a subclass of cadence's Trainer; each one then logs transformers' losses and ends on transformers' weights.
 
-Each comparison runs ``tests/workers/trl_worker.py`` twice in fresh processes (transformers' Trainer, then cadence's; a
+Each comparison runs ``tests/workers/trl_worker.py`` in two processes (transformers' Trainer, then cadence's; a
 patch cannot be undone inside one process), on a tiny Llama built from a config, a word-level tokenizer built here
-and ``datasets.Dataset.from_list`` data: no Hub. Both runs do the same float32 arithmetic in the same order, so
+and ``datasets.Dataset.from_list`` data: no Hub. Importing transformers and trl is ~9 of a worker's ~10 seconds, so
+one worker process per library (and per process count) runs every case the selected tests compare, one after the
+other (:func:`runs`); each case seeds its model and Trainer itself, and trains to the same bits as in a process of its
+own (measured on every case). Both runs do the same float32 arithmetic in the same order, so
 1e-5 (absolute) is far above what they differ by (0.0 on this machine) and far below any real difference: the bugs
 these guard (columns dropped, the batch collated twice, a recursion, a different loss scaling) move losses by 1e-3
 and more. The bf16 runs compare the same way: cadence autocasts only the forward and hands float32 outputs to compute_loss, as
@@ -31,22 +34,68 @@ TOL = 1e-5
 # in test_grpo_num_tokens_matches_transformers
 NOT_COMPARED = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "num_tokens"}
 
-_results: dict = {}
+# a job: (case, on cadence?, processes, the worker's extra flags); its folder and its result (or its error's text)
+Job = tuple
+_dirs: dict = {}
+_runs: dict = {}
+SAVE, RESUME, BATCH2 = ("--save-steps", "2"), ("--save-steps", "2", "--resume"), ("--batch", "2")
 
 
-def run_worker(case: str, cadence: bool, out: str, *extra: str, nproc: int = 1) -> dict:
-    proc = dist_exit.launch("trl_worker.py", case, out, *(["--cadence"] if cadence else []), *extra, nproc=nproc,
-                            timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return torch.load(os.path.join(out, "result.pt"))
+def job_dir(job: Job) -> str:
+    return _dirs[job]
 
 
-def result(case: str, cadence: bool, tmp_path_factory) -> dict:
-    key = (case, cadence)
-    if key not in _results:
-        out = str(tmp_path_factory.mktemp(f"{case}_{'cadence' if cadence else 'hf'}"))
-        _results[key] = run_worker(case, cadence, out)
-    return _results[key]
+def wanted(item) -> list[Job]:
+    """The worker jobs a collected test of this module reads, so that one process runs those of all selected tests."""
+    name = getattr(item, "originalname", item.name)
+    case = item.callspec.params.get("case") if hasattr(item, "callspec") else None
+    if name in ("test_trl_trainer_matches_transformers", "test_trl_bf16_loss_from_outputs_matches_transformers"):
+        return [(case, False, 1, ()), (case, True, 1, ())]
+    if name == "test_grpo_num_tokens_matches_transformers":
+        return [("grpo", False, 1, ()), ("grpo", True, 1, ())]
+    if name == "test_resumed_equals_unbroken":
+        return [(case, True, 1, SAVE), (case, True, 1, RESUME)]
+    if name == "test_sft_on_two_processes_trains_like_one":
+        return [("sft_text_fp32", True, 1, ()), ("sft_text_fp32", True, 2, BATCH2), ("sft_text_fp64", True, 1, ()),
+                ("sft_text_fp64", True, 2, BATCH2), ("sft_text_fp32", False, 2, BATCH2)]
+    if name == "test_repeat_sampler_trainers_on_two_processes_match_transformers":
+        return [(f"{case}_fp64", True, 2, BATCH2), (f"{case}_fp64", False, 2, BATCH2)]
+    return []
+
+
+def runs(request, tmp_path_factory, *jobs: Job) -> list[dict]:
+    """The results of ``jobs``. A job not run yet runs in one worker process together with every job of the same
+    library, process count and phase (a resume, or not) that the selected tests of this module want; a resumed job
+    starts from a copy of its unbroken run's checkpoint-2."""
+    for job in jobs:
+        if job in _runs:
+            continue
+        resume = "--resume" in job[3]
+        same = lambda j: j[1:3] == job[1:3] and ("--resume" in j[3]) == resume  # noqa: E731
+        group = [j for item in request.session.items
+                 if getattr(getattr(item, "module", None), "__name__", None) == __name__ for j in wanted(item)
+                 if same(j) and j not in _runs]
+        group = list(dict.fromkeys([*group, job]))
+        if resume:  # the unbroken runs first; each resumed run starts from a copy of its checkpoint-2
+            runs(request, tmp_path_factory, *[(j[0], j[1], j[2], SAVE) for j in group])
+        for j in group:
+            _dirs[j] = str(tmp_path_factory.mktemp(f"{j[0]}_{'cadence' if j[1] else 'hf'}_{j[2]}"))
+            if resume:
+                shutil.copytree(os.path.join(job_dir((j[0], j[1], j[2], SAVE)), "checkpoint-2"),
+                                os.path.join(_dirs[j], "checkpoint-2"))
+        jobs_file = str(tmp_path_factory.mktemp("jobs") / "jobs.json")
+        with open(jobs_file, "w") as f:
+            json.dump([[j[0], _dirs[j], *j[3]] for j in group], f)
+        proc = dist_exit.launch("trl_worker.py", "--jobs", jobs_file, *(["--cadence"] if job[1] else []), nproc=job[2],
+                                timeout=1200)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        for j in group:
+            errors = sorted(n for n in os.listdir(_dirs[j]) if n.startswith("error-rank"))
+            _runs[j] = ("".join(open(os.path.join(_dirs[j], n)).read() for n in errors) or
+                        torch.load(os.path.join(_dirs[j], "result.pt")))
+    for job in jobs:
+        assert isinstance(_runs[job], dict), f"{job} failed in the worker:\n{_runs[job]}"
+    return [_runs[job] for job in jobs]
 
 
 def compare(reference: dict, ours: dict, skip: set = frozenset(), tol: float = TOL) -> None:
@@ -83,41 +132,38 @@ CASES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
-def test_trl_trainer_matches_transformers(case, tmp_path_factory):
-    compare(result(case, False, tmp_path_factory), result(case, True, tmp_path_factory))
+def test_trl_trainer_matches_transformers(case, request, tmp_path_factory):
+    compare(*runs(request, tmp_path_factory, (case, False, 1, ()), (case, True, 1, ())))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["reward", "distillation"])
-def test_trl_bf16_loss_from_outputs_matches_transformers(case, tmp_path_factory):
-    compare(result(case, False, tmp_path_factory), result(case, True, tmp_path_factory))
+def test_trl_bf16_loss_from_outputs_matches_transformers(case, request, tmp_path_factory):
+    compare(*runs(request, tmp_path_factory, (case, False, 1, ()), (case, True, 1, ())))
 
 
 @pytest.mark.slow
-def test_grpo_num_tokens_matches_transformers(tmp_path_factory):
-    ref, ours = result("grpo", False, tmp_path_factory), result("grpo", True, tmp_path_factory)
+def test_grpo_num_tokens_matches_transformers(request, tmp_path_factory):
+    ref, ours = runs(request, tmp_path_factory, ("grpo", False, 1, ()), ("grpo", True, 1, ()))
     pick = lambda r: [v for _, k, v in r["losses"] if k == "num_tokens"]  # noqa: E731
     assert pick(ref) and pick(ours) == pick(ref)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["sft_text", "sft_lora", "dpo", "grpo", "orpo", "cpo", "online_dpo"])
-def test_resumed_equals_unbroken(case, tmp_path):
+def test_resumed_equals_unbroken(case, request, tmp_path_factory):
     """On cadence, a TRL trainer stopped after step 2 and resumed from checkpoint-2 ends bit-identical to the
     unbroken run (which itself equals transformers': test_trl_trainer_matches_transformers). DPO resumes with the
     reference model it loads again from the policy's folder; GRPO's sampled generations continue from the
     checkpoint's RNG states; SFT with a LoRA adapter saves the adapter (not the base weights) and resumes it."""
-    unbroken = run_worker(case, True, str(tmp_path / "unbroken"), "--save-steps", "2")
+    unbroken, resumed = runs(request, tmp_path_factory, (case, True, 1, SAVE), (case, True, 1, RESUME))
     if case == "sft_lora":
         from safetensors.torch import load_file
 
-        saved = load_file(str(tmp_path / "unbroken" / "checkpoint-2" / "adapter_model.safetensors"))
+        checkpoint = os.path.join(job_dir((case, True, 1, SAVE)), "checkpoint-2")
+        saved = load_file(os.path.join(checkpoint, "adapter_model.safetensors"))
         assert saved and all("lora_" in name for name in saved)
-        assert not (tmp_path / "unbroken" / "checkpoint-2" / "model.safetensors").exists()
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    shutil.copytree(tmp_path / "unbroken" / "checkpoint-2", resumed_dir / "checkpoint-2")
-    resumed = run_worker(case, True, str(resumed_dir), "--save-steps", "2", "--resume")
+        assert not os.path.exists(os.path.join(checkpoint, "model.safetensors"))
     for name, w in unbroken["weights"].items():
         assert torch.equal(w, resumed["weights"][name]), name
     after = lambda r: [(s, k, v) for s, k, v in r["losses"] if s > 2 and k not in NOT_COMPARED  # noqa: E731
@@ -126,20 +172,19 @@ def test_resumed_equals_unbroken(case, tmp_path):
 
 
 @pytest.mark.slow
-def test_sft_on_two_processes_trains_like_one(tmp_path_factory, tmp_path):
+def test_sft_on_two_processes_trains_like_one(request, tmp_path_factory):
     """SFT on cadence on 2 processes with 2 rows each trains like 1 process with 4 (the same global batches: the
     distributed sampler deals the shuffled order out), and like transformers on the same 2 processes. Tolerance: the
     item count is summed over the processes before the loss is divided, so only float32 reduction order differs.
     (total_flos counts padded tokens: batches of 2 rows pad less than batches of 4, in both libraries.) And in
     float64, where reduction order leaves ~1e-15, 2 processes equal 1 within 1e-6 (float32 differs by ~2.5e-6 in
     the losses: the order of the sums)."""
-    one = result("sft_text_fp32", True, tmp_path_factory)  # float32: bf16 rounds batches of other shapes otherwise
-    two = run_worker("sft_text_fp32", True, str(tmp_path / "c2"), "--batch", "2", nproc=2)
+    # float32: bf16 rounds batches of other shapes otherwise
+    one, two, one64, two64, theirs = runs(
+        request, tmp_path_factory, ("sft_text_fp32", True, 1, ()), ("sft_text_fp32", True, 2, BATCH2),
+        ("sft_text_fp64", True, 1, ()), ("sft_text_fp64", True, 2, BATCH2), ("sft_text_fp32", False, 2, BATCH2))
     compare(one, two, skip={"total_flos"})
-    one64 = run_worker("sft_text_fp64", True, str(tmp_path / "c1_64"))
-    two64 = run_worker("sft_text_fp64", True, str(tmp_path / "c2_64"), "--batch", "2", nproc=2)
     compare(one64, two64, skip={"total_flos"}, tol=1e-6)
-    theirs = run_worker("sft_text_fp32", False, str(tmp_path / "h2"), "--batch", "2", nproc=2)
     compare(theirs, two)
 
 
@@ -429,13 +474,12 @@ def test_two_argument_save_checkpoint_and_optimizer_load_overrides_are_honoured(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["rloo", "grpo"])
-def test_repeat_sampler_trainers_on_two_processes_match_transformers(case, tmp_path):
+def test_repeat_sampler_trainers_on_two_processes_match_transformers(case, request, tmp_path_factory):
     """RLOO and GRPO deal prompts with TRL's RepeatSampler, their own _get_train_sampler. cadence handed it to the
     DataLoader unsharded: on 2 processes every rank trained on every prompt and the run ended at half its epochs.
     Now each rank gets the batches accelerate deals it, as on transformers. float64, so that only reduction order
     (~1e-15) can differ; 1e-5 is the issue's bound."""
-    ours = run_worker(f"{case}_fp64", True, str(tmp_path / "c"), "--batch", "2", nproc=2)
-    theirs = run_worker(f"{case}_fp64", False, str(tmp_path / "h"), "--batch", "2", nproc=2)
+    ours, theirs = runs(request, tmp_path_factory, (f"{case}_fp64", True, 2, BATCH2), (f"{case}_fp64", False, 2, BATCH2))
     compare(theirs, ours, tol=1e-5)
     epochs = lambda r: [v for _, k, v in r["losses"] if k == "epoch"]  # noqa: E731
     assert epochs(ours) == pytest.approx(epochs(theirs)) and epochs(ours)

@@ -1,8 +1,13 @@
 """One TRL trainer on a tiny model, on transformers' Trainer or (``--cadence``) on cadence's, in its own process.
 
     python tests/workers/trl_worker.py CASE OUT_DIR [--cadence] [--max-steps N] [--resume] [--batch B]
+    python tests/workers/trl_worker.py --jobs JOBS.json [--cadence]
 
-(or under torchrun: ``--batch`` is then the per-process batch).
+(or under torchrun: ``--batch`` is then the per-process batch). ``--jobs`` runs several trainings one after the other
+in this one process, each job a list of the arguments above (``[CASE, OUT_DIR, "--max-steps", "3", ...]``): importing
+transformers and trl takes ~9 of the ~10 seconds a one-case process runs, so the tests run every case one library
+compares in a single process. A job that fails writes its traceback to ``OUT_DIR/error-rank{N}.txt`` and the next job
+runs; each job seeds its model and its Trainer itself, so it trains as in a process of its own.
 
 Writes ``OUT_DIR/result.pt``: ``{"losses": [(step, key, value), ...], "weights": {name: tensor}}`` (every number
 the run logged, timings included; the test picks what to compare). With
@@ -14,9 +19,12 @@ Everything is local: the library matrix's tiny word-level tokenizer and Llama mo
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
+import json
 import os
 import sys
+import traceback
 import warnings
 
 
@@ -116,22 +124,21 @@ def build(case: str, out_dir: str, max_steps: int, save_steps: int | None, batch
     raise ValueError(f"unknown case {case!r}")
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("case")
-    parser.add_argument("out_dir")
+    parser.add_argument("case", nargs="?")
+    parser.add_argument("out_dir", nargs="?")
+    parser.add_argument("--jobs", help="a JSON file: a list of jobs, each a list of the arguments of one run")
     parser.add_argument("--cadence", action="store_true")
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--save-steps", type=int, default=None)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--batch", type=int, default=4)
-    opts = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if opts.cadence:
-        import cadence
+    return parser.parse_args(argv)
 
-        cadence.patch_transformers()
+
+def run(opts: argparse.Namespace) -> None:
+    """One training: ``OUT_DIR/result.pt`` written by the first process."""
     import torch
 
     trainer = build(opts.case, opts.out_dir, opts.max_steps, opts.save_steps, opts.batch)
@@ -145,6 +152,30 @@ def main() -> None:
     weights = {k: v.detach().float().clone() for k, v in trainer.model.state_dict().items()}
     if trainer.is_world_process_zero():
         torch.save({"losses": losses, "weights": weights}, os.path.join(opts.out_dir, "result.pt"))
+
+
+def main() -> None:
+    opts = parse(sys.argv[1:])
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if opts.cadence:
+        import cadence
+
+        cadence.patch_transformers()
+    if not opts.jobs:
+        run(opts)
+        return
+    with open(opts.jobs) as f:
+        jobs = [parse([*job, *(["--cadence"] if opts.cadence else [])]) for job in json.load(f)]
+    for job in jobs:
+        os.makedirs(job.out_dir, exist_ok=True)
+        try:
+            run(job)
+        except Exception:  # the test names this job's error; the other jobs still run
+            rank = os.environ.get("RANK", "0")
+            with open(os.path.join(job.out_dir, f"error-rank{rank}.txt"), "w") as f:
+                f.write(traceback.format_exc())
+        gc.collect()  # the finished trainer's model and optimizer
 
 
 if __name__ == "__main__":
