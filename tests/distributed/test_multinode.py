@@ -156,16 +156,32 @@ def _choose_on_own_disk(rank, root, port, said):
         find_resume_folder("checkpoint-4", args, torch.distributed.barrier)
     except ValueError as error:
         got["named"] = str(error)
+    # both disks hold checkpoint-2 and checkpoint-4, rank 1's copy of checkpoint-4 damaged (its state is not JSON)
+    disk = os.path.join(root, f"damaged{rank}")
+    for step in (2, 4):
+        os.makedirs(os.path.join(disk, f"checkpoint-{step}"))
+        with open(os.path.join(disk, f"checkpoint-{step}", "trainer_state.json"), "w") as f:
+            f.write("{" if (rank, step) == (1, 4) else TrainerState(global_step=step).to_json_string())
+    os.chdir(disk)
+    args = SimpleNamespace(should_save=False, output_dir=disk)
+    got["intact"] = str(find_resume_folder(True, args, torch.distributed.barrier))
+    try:
+        find_resume_folder("checkpoint-4", args, torch.distributed.barrier)
+    except ValueError as error:
+        got["damaged"] = str(error)
     torch.distributed.destroy_process_group()
     with open(os.path.join(said, f"{rank}.json"), "w") as f:
         json.dump(got, f)
 
 
 @pytest.mark.slow
-def test_every_process_resumes_the_newest_checkpoint_all_hold_and_a_path_one_lacks_stops_all(tmp_path):
+def test_every_process_resumes_the_newest_checkpoint_all_hold_intact_and_a_path_one_lacks_stops_all(tmp_path):
     """resume_from_checkpoint=True on two processes whose disks differ: both get checkpoint-2 (rank 1 lacks the main
     process's newest, checkpoint-4), each in its own output_dir; a path that one process lacks is an error on both,
-    naming that process (each deciding alone, rank 0 would load checkpoint-4 while rank 1 raised or loaded another)."""
+    naming that process (each deciding alone, rank 0 would load checkpoint-4 while rank 1 raised or loaded another).
+    The same where rank 1 holds checkpoint-4 damaged: True gives both checkpoint-2, and the path is an error on both
+    naming process 1's copy (had only the main process checked its own, both would take checkpoint-4 and rank 1
+    would fail alone while loading it, rank 0 waiting for it in the first collective)."""
     import json
 
     import torch.multiprocessing as mp
@@ -176,6 +192,10 @@ def test_every_process_resumes_the_newest_checkpoint_all_hold_and_a_path_one_lac
     assert [g["newest"] for g in got] == [str(tmp_path / f"disk{rank}" / "checkpoint-2") for rank in (0, 1)]
     for g in got:
         assert "resume_from_checkpoint='checkpoint-4' is not a complete checkpoint on the disk of process 1" in g["named"]
+    assert [g["intact"] for g in got] == [str(tmp_path / f"damaged{rank}" / "checkpoint-2") for rank in (0, 1)]
+    for g in got:
+        assert "checkpoint-4' is damaged on the disk of process 1" in g["damaged"], g
+        assert "trainer_state.json" in g["damaged"], g
 
 
 # ------------------------------------------------------------------ SLURM's srun

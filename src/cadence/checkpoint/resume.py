@@ -459,7 +459,10 @@ def agreed_checkpoint(choose: Callable[[set[str] | None], Path | None], output_d
     answer, or raises its error. A choice taken on each process from its own disk could differ between machines
     (a checkpoint written on one node's disk only), and the processes would then load different states or wait in
     different collectives; a ``named`` folder missing on some process is an error on every process, naming them.
-    A collective when a process group is started: every process calls it.
+    The first process of each other machine then checks its own copy of the answer (:func:`verify_checkpoint`, as
+    the main process checked its own): a copy damaged there is skipped for an older checkpoint every process holds,
+    or, for a ``named`` folder, an error on every process naming it. Collectives when a process group is started:
+    every process calls it.
 
     Returns:
         ``choose``'s folder (the same on every process).
@@ -471,25 +474,53 @@ def agreed_checkpoint(choose: Callable[[set[str] | None], Path | None], output_d
     every = every_process(mine)
     if len(every) == 1:
         return choose(None)
-    answer = None
-    if process_group_size_and_rank()[1] == 0:
-        try:
-            lacking = [f"process {rank} on {theirs['host']}" for rank, theirs in enumerate(every)
-                       if not theirs.get("named", True)]
-            if lacking and mine.get("named"):
-                raise ValueError(
-                    f"resume_from_checkpoint={str(named)!r} is not a complete checkpoint on the disk of "
-                    f"{', '.join(lacking)} (the main process holds it): each process reads the checkpoint from its own "
-                    "disk; pass a folder every node sees (a shared filesystem), or copy it to each node")
-            answer = choose(set.intersection(*(set(theirs["names"]) for theirs in every)))
-            if answer is not None and Path(answer).parent.resolve() == Path(output_dir).resolve():
-                answer = (type(answer), Path(answer).name)  # each process's own output_dir/name (its own disk)
-        except Exception as error:  # noqa: BLE001 - every process raises it, not the main one alone
-            answer = error
-    answer = every_process(answer)[0]
-    if isinstance(answer, BaseException):
-        raise answer
-    if isinstance(answer, tuple):
-        kind, name = answer
-        return kind(Path(output_dir) / name)
+    rank = process_group_size_and_rank()[1]
+    common, damaged = set.intersection(*(set(theirs["names"]) for theirs in every)), []
+    while True:
+        answer = None
+        if rank == 0:
+            try:
+                answer = _main_choice(choose, common, every, mine, named, output_dir)
+            except Exception as error:  # noqa: BLE001 - every process raises it, not the main one alone
+                answer = error
+                if damaged and isinstance(error, ValueError):  # what was refused for damage elsewhere, named too
+                    answer = type(error)(f"{error}; damaged on another machine's disk: {'; '.join(damaged)}")
+        answer = every_process(answer)[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        folder = answer[0](Path(output_dir) / answer[1]) if isinstance(answer, tuple) else answer
+        # the main process checked its own copy while choosing; the first process of each other machine checks its
+        # own (one read a machine), so a copy damaged on one node's disk alone is seen by every process at once
+        harm = None
+        if folder is not None and rank != 0 and os.environ.get("LOCAL_RANK", "0") == "0":
+            try:
+                verify_checkpoint(folder)
+            except CorruptCheckpointError as error:
+                harm = f"process {rank} on {mine['host']}: {error}"
+        harm = [said for said in every_process(harm) if said is not None]
+        if not harm:
+            return folder
+        if named is not None or not isinstance(answer, tuple) or answer[1] not in common:  # the user's folder
+            raise CorruptCheckpointError(f"resume_from_checkpoint={str(folder)!r} is damaged on the disk of "
+                                         f"{'; '.join(harm)}; pass a checkpoint every process holds intact")
+        logger.warning("%s is damaged on the disk of %s; trying an older checkpoint every process holds",
+                       answer[1], "; ".join(harm))
+        damaged += harm
+        common.discard(answer[1])
+
+
+def _main_choice(choose: Callable[[set[str] | None], Path | None], common: set[str], every: list, mine: dict,
+                 named: str | os.PathLike | None, output_dir: str | os.PathLike) -> Any:
+    """The main process's answer in :func:`agreed_checkpoint`: ``choose(common)``, as ``(type, name)`` when it is a
+    folder of ``output_dir`` (each process then takes its own disk's ``output_dir/name``)."""
+    lacking = [f"process {rank} on {theirs['host']}" for rank, theirs in enumerate(every)
+               if not theirs.get("named", True)]
+    if lacking and mine.get("named"):
+        raise ValueError(
+            f"resume_from_checkpoint={str(named)!r} is not a complete checkpoint on the disk of "
+            f"{', '.join(lacking)} (the main process holds it): each process reads the checkpoint from its own "
+            "disk; pass a folder every node sees (a shared filesystem), or copy it to each node")
+    answer = choose(common)
+    if answer is not None and Path(answer).parent.resolve() == Path(output_dir).resolve():
+        return type(answer), Path(answer).name  # each process's own output_dir/name (its own disk)
     return answer
