@@ -68,7 +68,7 @@ class DeepSpeedEngine(DataParallel):
         """As transformers (``deepspeed_optim_sched``): none of the Trainer's where the config has an ``optimizer``
         section (an ``optim`` whose package is not installed trains, as there); only the Trainer's optimizer where
         it has a ``scheduler`` section; both otherwise."""
-        if "optimizer" in self.deepspeed:
+        if self.optimizer_from_config:
             return None, None  # DeepSpeed builds both: the section's, or the arguments' schedule on its optimizer
         if "scheduler" in self.deepspeed:
             return create_optimizer(), None
